@@ -1,0 +1,200 @@
+"""The one speculative decode loop (Leviathan et al. 2023, Algorithm 1) and the plain
+autoregressive baseline, both generators that yield one `Step` per target call.
+
+Cache invariant, for the target and a model drafter alike: the cache holds every context token
+except the newest one, which is fed together with the next draft. One target forward over
+[newest, d_1, ..., d_g] then gives the g+1 distributions the verifier needs, and a rejection is
+undone by trimming the g - n rejected positions, never by recomputing the prefix.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import torch
+
+from .drafters.base import Draft, Drafter
+from .models.base import Model, check_same_vocab
+from .sampling import SamplingParams, sample
+from .verify import verify
+
+
+@dataclass
+class Step:
+    """What one target call produced."""
+
+    tokens: list[int]  # emitted, in order: num_accepted draft tokens, then the target's own token
+    num_accepted: int  # how many leading `tokens` came from the draft
+    proposed: list[int] = field(default_factory=list)  # the draft's whole proposal
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    finish_reason: str | None = None  # "eos" or "length" on the last step, else None
+
+    @property
+    def from_draft(self) -> list[bool]:
+        return [i < self.num_accepted for i in range(len(self.tokens))]
+
+    @property
+    def rejected(self) -> list[int]:
+        """Proposed tokens the target did not keep (empty when all were accepted)."""
+        return self.proposed[self.num_accepted :] if self.num_accepted < len(self.tokens) else []
+
+
+def make_generator(seed: int | None, generator: torch.Generator | None = None) -> torch.Generator:
+    if generator is not None:
+        return generator
+    gen = torch.Generator()
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen
+
+
+def _check_request(model: Model, prompt: Sequence[int], max_new_tokens: int) -> None:
+    if len(prompt) == 0:
+        raise ValueError("the prompt has no tokens; at least one is needed to condition on")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    limit = getattr(model, "max_positions", None)
+    if limit and len(prompt) >= limit:
+        raise ValueError(f"the prompt has {len(prompt)} tokens; the model's context holds at most {limit}")
+
+
+def _finish(new: list[int], emitted: int, max_new_tokens: int, eos: frozenset[int], room: int | None):
+    """Cut `new` at the first EOS or at the length limit; return (tokens, finish_reason)."""
+    for i, token in enumerate(new):
+        if token in eos:
+            return new[: i + 1], "eos"
+    if emitted + len(new) >= max_new_tokens:
+        return new[: max_new_tokens - emitted], "length"
+    if room is not None and room <= len(new):
+        return new[:room], "length"  # the model's context window is full
+    return new, None
+
+
+def speculative_decode(
+    target: Model,
+    drafter: Drafter,
+    prompt: Sequence[int],
+    *,
+    gamma: int = 4,
+    params: SamplingParams = SamplingParams(),
+    max_new_tokens: int = 128,
+    lenience: float = 1.0,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    eos_token_ids: Sequence[int] | None = None,
+) -> Iterator[Step]:
+    """Speculative decoding: each iteration drafts up to gamma tokens and verifies them in one
+    target call, yielding 1..gamma+1 tokens distributed exactly as the target's own samples
+    (for lenience = 1)."""
+    _check_request(target, prompt, max_new_tokens)
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0:
+        raise ValueError(f"gamma must be an integer >= 0, got {gamma!r}")
+    if not (0.0 < lenience <= 1.0):
+        raise ValueError(f"lenience must be in (0, 1] (1 = exact), got {lenience!r}")
+    if drafter.vocab is not None:
+        check_same_vocab(target.vocab, drafter.vocab)
+    eos = frozenset(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
+    gen = make_generator(seed, generator)
+    drafter.reset(params, gen)
+    limit = target.max_positions
+    context = list(prompt)
+    cache = target.new_cache()  # owned by this generator: stopping early leaves nothing to restore
+
+    # 0. Prefill every prompt token but the newest (it is fed with the first draft).
+    if len(context) > 1:
+        target.forward(torch.tensor([context[:-1]]), cache, num_logits=1)
+    emitted = 0
+    while True:
+        # 1. Draft. Never past the length limit or the context window: those tokens would be thrown away.
+        g = min(gamma, max_new_tokens - emitted - 1)
+        if limit:
+            g = min(g, limit - len(context) - 1)
+        t0 = time.perf_counter()
+        draft = drafter.propose(context, g) if g > 0 else Draft(torch.empty(1, 0, dtype=torch.long))
+        g = draft.gamma
+        t1 = time.perf_counter()
+
+        # 2. Score the newest context token and the g draft tokens in ONE target call.
+        tokens = torch.cat([torch.tensor([[context[-1]]]), draft.tokens], dim=1)  # [1, g+1]
+        logits = target.forward(tokens, cache)  # [1, g+1, V]
+        target_probs = params.probs(logits)  # [1, g+1, V]
+        t2 = time.perf_counter()
+
+        # 3. Speculative sampling: keep n draft tokens, add one corrected or bonus token.
+        draft_probs = _match_vocab(draft.probs, target_probs.shape[-1])
+        verdict = verify(draft.tokens, draft_probs, target_probs, gen, lenience)
+        n = int(verdict.num_accepted[0])
+        new = verdict.emitted(0)
+
+        # 4. Roll back: the target cache now holds context + g drafts; keep context + n accepted.
+        #    The extra token is the newest context token: it is fed with the next draft. When all g
+        #    were accepted nothing is trimmed, and the drafter catches up on its last token itself.
+        cache.trim(g - n)
+        drafter.accept(n)
+
+        # 5. Stop on EOS, the length limit, or a full context window.
+        room = (limit - len(context)) if limit else None
+        new, finish = _finish(new, emitted, max_new_tokens, eos, room)
+        context.extend(new)
+        emitted += len(new)
+        yield Step(
+            tokens=new,
+            num_accepted=min(n, len(new)),
+            proposed=draft.tokens[0].tolist(),
+            draft_seconds=t1 - t0,
+            target_seconds=t2 - t1,
+            finish_reason=finish,
+        )
+        if finish:
+            return
+
+
+def autoregressive_decode(
+    target: Model,
+    prompt: Sequence[int],
+    *,
+    params: SamplingParams = SamplingParams(),
+    max_new_tokens: int = 128,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    eos_token_ids: Sequence[int] | None = None,
+) -> Iterator[Step]:
+    """The baseline: one target call per token, through the same model interface."""
+    _check_request(target, prompt, max_new_tokens)
+    eos = frozenset(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
+    gen = make_generator(seed, generator)
+    limit = target.max_positions
+    cache = target.new_cache()
+    # Same cache invariant as the speculative loop, so both are timed the same way.
+    if len(prompt) > 1:
+        target.forward(torch.tensor([list(prompt[:-1])]), cache, num_logits=1)
+    newest, length = prompt[-1], len(prompt)
+    for emitted in range(max_new_tokens):
+        t0 = time.perf_counter()
+        logits = target.forward(torch.tensor([[newest]]), cache)  # [1, 1, V]
+        newest = int(sample(params.probs(logits[:, -1]), gen))
+        t1 = time.perf_counter()
+        new, finish = _finish([newest], emitted, max_new_tokens, eos, (limit - length) if limit else None)
+        length += 1
+        yield Step(tokens=new, num_accepted=0, target_seconds=t1 - t0, finish_reason=finish)
+        if finish:
+            return
+
+
+def _match_vocab(draft_probs: torch.Tensor | None, vocab_size: int) -> torch.Tensor | None:
+    """Pad a draft distribution [B, g, V'] to the target's logit width V (tokens the draft's head
+    lacks have q = 0, which keeps speculative sampling exact)."""
+    if draft_probs is None or draft_probs.shape[-1] == vocab_size:
+        return draft_probs
+    extra = vocab_size - draft_probs.shape[-1]
+    if extra < 0:
+        raise ValueError(
+            f"the draft scores {draft_probs.shape[-1]} token ids but the target only {vocab_size}; "
+            "the draft could propose ids the target does not have"
+        )
+    return torch.nn.functional.pad(draft_probs, (0, extra))

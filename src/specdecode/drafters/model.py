@@ -1,0 +1,55 @@
+"""A draft model: any causal LM with the target's vocabulary (the paper's main setting, Mq)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..models.base import Model
+from ..sampling import SamplingParams, sample
+from .base import Draft
+
+
+class ModelDrafter:
+    """Samples gamma tokens autoregressively from the draft model's adjusted distribution q.
+
+    Its cache follows the same invariant as the target's: it holds a prefix of the context, and
+    `propose` first feeds whatever the cache has not seen yet (the tokens emitted since the last
+    call: after an all-accepted iteration that includes the last draft token, which was sampled
+    but never fed).
+    """
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.vocab = model.vocab
+        self.cache = None
+        self._proposed_from = 0  # context length at the last proposal
+
+    def reset(self, params: SamplingParams, generator: torch.Generator | None) -> None:
+        self.params, self.generator = params, generator
+        self.cache = self.model.new_cache()
+
+    def propose(self, context: Sequence[int], gamma: int) -> Draft:
+        if self.cache is None:
+            raise RuntimeError("ModelDrafter.reset() must be called before propose()")
+        unseen = list(context[len(self.cache) :])  # >= 1 token by the cache invariant
+        logits = self.model.forward(torch.tensor([unseen]), self.cache, num_logits=1)[:, -1]  # [1, V]
+        tokens, probs = [], []
+        for i in range(gamma):
+            q = self.params.probs(logits)  # [1, V]
+            x = sample(q, self.generator)  # [1]
+            tokens.append(x)
+            probs.append(q)
+            if i + 1 < gamma:  # the last draft token is fed only if it is accepted
+                logits = self.model.forward(x.view(1, 1), self.cache)[:, -1]
+        self._proposed_from = len(context)
+        if not tokens:
+            return Draft(torch.empty(1, 0, dtype=torch.long), torch.empty(1, 0, logits.shape[-1]))
+        return Draft(torch.stack(tokens, dim=1), torch.stack(probs, dim=1))  # [1, g], [1, g, V]
+
+    def accept(self, num_accepted: int) -> None:
+        # The cache holds the context plus the first gamma-1 drafts; keep the accepted ones only.
+        excess = len(self.cache) - (self._proposed_from + num_accepted)
+        if excess > 0:
+            self.cache.trim(excess)

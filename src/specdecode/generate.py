@@ -1,0 +1,162 @@
+"""Text in, text out: chat template, the decode stream as text, stop strings and run statistics.
+
+Everything that shows a generation (the CLI, the renderer, benchmarks) consumes `generate()`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Iterator, Sequence
+
+from .decode import Step, autoregressive_decode, speculative_decode
+from .drafters.base import Drafter
+from .sampling import SamplingParams
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
+    """Token ids for a plain prompt; with `chat` the tokenizer's chat template wraps it as a user turn."""
+    if not prompt:
+        raise ValueError("the prompt is empty")
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        if isinstance(ids, dict) or hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids)
+    return tokenizer.encode(prompt, add_special_tokens=True)
+
+
+@dataclass
+class TextStep:
+    """One target call, as text. The three pieces render the paper's Figure 1: `accepted_text`
+    (draft tokens kept), `rejected_text` (draft tokens thrown away; not part of the output), then
+    `target_text` (the target's corrected or bonus token)."""
+
+    step: Step
+    accepted_text: str
+    rejected_text: str
+    target_text: str
+    finish_reason: str | None  # "eos", "length", "stop" or None
+
+
+@dataclass
+class Stats:
+    """Totals over one generation."""
+
+    new_tokens: int = 0
+    target_calls: int = 0
+    proposed: int = 0  # draft tokens proposed
+    accepted: int = 0  # draft tokens accepted
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    wall_seconds: float = 0.0  # prefill included
+    finish_reason: str | None = None
+    tokens: list[int] = field(default_factory=list)
+
+    def add(self, step: Step) -> None:
+        self.new_tokens += len(step.tokens)
+        self.target_calls += 1
+        self.proposed += len(step.proposed)
+        self.accepted += step.num_accepted
+        self.draft_seconds += step.draft_seconds
+        self.target_seconds += step.target_seconds
+        self.tokens.extend(step.tokens)
+
+    @property
+    def tokens_per_call(self) -> float:
+        return self.new_tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / proposed draft tokens (None when nothing was proposed)."""
+        return self.accepted / self.proposed if self.proposed else None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    def summary(self) -> dict:
+        out = asdict(self)
+        out.pop("tokens")
+        out.update(
+            tokens_per_call=self.tokens_per_call,
+            acceptance_rate=self.acceptance_rate,
+            tokens_per_second=self.tokens_per_second,
+        )
+        return out
+
+
+def generate(
+    target,
+    prompt_ids: Sequence[int],
+    drafter: Drafter | None = None,
+    *,
+    gamma: int = 4,
+    params: SamplingParams = SamplingParams(),
+    max_new_tokens: int = 128,
+    lenience: float = 1.0,
+    seed: int | None = None,
+    stop: Sequence[str] = (),
+    stats: Stats | None = None,
+) -> Iterator[TextStep]:
+    """Decode (speculatively, or autoregressively when `drafter` is None) and yield text pieces.
+
+    `target` needs a `tokenizer`. Stop strings end the stream; the returned text stops before them.
+    Pass a `Stats` to have it filled in as the stream is consumed.
+    """
+    if any(not s for s in stop):
+        raise ValueError("stop strings must be non-empty")
+    tokenizer = target.tokenizer
+    stats = stats if stats is not None else Stats()
+    if drafter is None:
+        steps = autoregressive_decode(target, prompt_ids, params=params, max_new_tokens=max_new_tokens, seed=seed)
+    else:
+        steps = speculative_decode(
+            target, drafter, prompt_ids, gamma=gamma, params=params,
+            max_new_tokens=max_new_tokens, lenience=lenience, seed=seed,
+        )
+    shown = ""  # text handed out so far
+    start = time.perf_counter()
+    try:
+        for step in steps:
+            stats.add(step)
+            stats.wall_seconds = time.perf_counter() - start
+            tokens = stats.tokens
+            split = len(tokens) - len(step.tokens) + step.num_accepted  # accepted | target token
+            with_accepted = _stable(tokenizer.decode(tokens[:split], skip_special_tokens=True), shown)
+            full = tokenizer.decode(tokens, skip_special_tokens=True)
+            finish = step.finish_reason
+            cut = _find_stop(full, stop, max(0, len(shown) - max((len(s) for s in stop), default=0)))
+            if cut is not None:
+                full, finish = full[:cut], "stop"
+                with_accepted = with_accepted[:cut]
+            full = full if finish else _stable(full, shown)
+            piece = TextStep(
+                step=step,
+                accepted_text=with_accepted[len(shown):],
+                rejected_text=tokenizer.decode(step.rejected, skip_special_tokens=True) if step.rejected else "",
+                target_text=full[max(len(shown), len(with_accepted)):],
+                finish_reason=finish,
+            )
+            shown = full if len(full) > len(shown) else shown
+            stats.finish_reason = finish
+            yield piece
+            if finish:
+                return
+    finally:
+        stats.wall_seconds = time.perf_counter() - start
+        steps.close()
+
+
+def _stable(text: str, shown: str) -> str:
+    """Hold back a trailing partial character (a token that ends mid-UTF-8 sequence)."""
+    while text.endswith("\ufffd") and len(text) > len(shown):
+        text = text[:-1]
+    return text
+
+
+def _find_stop(text: str, stop: Sequence[str], start: int) -> int | None:
+    hits = [i for s in stop if (i := text.find(s, start)) >= 0]
+    return min(hits) if hits else None

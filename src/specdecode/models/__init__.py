@@ -1,0 +1,3 @@
+from .base import Cache, Model, Vocabulary, VocabularyMismatch, check_same_vocab
+
+__all__ = ["Cache", "Model", "Vocabulary", "VocabularyMismatch", "check_same_vocab"]

@@ -1,0 +1,71 @@
+"""The model protocol shared by targets and drafts, and the vocabulary identity check.
+
+A model appends new positions to a cache it owns and returns logits for them. Rolling back
+after a rejection is `cache.trim(n)`: a slice, never a recomputation of the prefix. A model
+whose cache cannot be trimmed is refused when its cache is made, not silently recomputed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+class Cache(Protocol):
+    def __len__(self) -> int:
+        """Number of positions held."""
+
+    def trim(self, n: int) -> None:
+        """Drop the last n positions."""
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What makes two models' token ids mean the same thing."""
+
+    name: str  # human-readable, e.g. the tokenizer's model name
+    size: int  # number of token ids the tokenizer defines
+    fingerprint: str  # hash of the token -> id mapping
+
+    @classmethod
+    def from_tokens(cls, name: str, token_to_id: dict[str, int]) -> "Vocabulary":
+        digest = hashlib.sha256()
+        for token, idx in sorted(token_to_id.items(), key=lambda item: item[1]):
+            digest.update(f"{idx}\t{token}\n".encode("utf-8", "surrogatepass"))
+        return cls(name=name, size=len(token_to_id), fingerprint=digest.hexdigest()[:16])
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.size} tokens, {self.fingerprint})"
+
+
+class VocabularyMismatch(ValueError):
+    def __init__(self, target: Vocabulary, draft: Vocabulary):
+        super().__init__(
+            f"draft and target use different vocabularies: target vocabulary {target}, "
+            f"draft vocabulary {draft}. Speculative decoding needs the draft to propose the "
+            f"target's own token ids; pick a draft with the target's tokenizer"
+        )
+
+
+@runtime_checkable
+class Model(Protocol):
+    vocab: Vocabulary
+    eos_token_ids: frozenset[int]
+    max_positions: int | None
+
+    def new_cache(self) -> Cache:
+        ...
+
+    def forward(self, tokens: torch.Tensor, cache: Cache, num_logits: int | None = None) -> torch.Tensor:
+        """tokens [B, T] -> logits [B, T, V] (or only the last num_logits positions), float32.
+
+        Appends the T positions to `cache`.
+        """
+
+
+def check_same_vocab(target: Vocabulary, draft: Vocabulary) -> None:
+    if target.fingerprint != draft.fingerprint:
+        raise VocabularyMismatch(target, draft)

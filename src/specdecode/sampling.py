@@ -1,0 +1,78 @@
+"""Sampling settings turned into the adjusted distribution both models are compared under.
+
+Leviathan et al. (2023), section 2.3: greedy, temperature, top-k and top-p sampling are all
+"standard sampling from an adjusted distribution". Speculative sampling stays exact for any of
+them as long as the target's and the draft's logits go through the *same* transform before
+they are compared, which is what `SamplingParams.probs` is for.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a token is drawn from logits.
+
+    temperature: 0 means greedy; otherwise logits are divided by it.
+    top_k: keep the k most likely tokens (0 = no limit).
+    top_p: keep the smallest set of most likely tokens whose mass reaches top_p (1 = no limit).
+    greedy: a point mass on the argmax (ties go to the lowest token id).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    greedy: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature):
+            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if self.temperature < 0 or math.isinf(self.temperature):
+            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = no limit), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.temperature == 0 and not self.greedy:
+            object.__setattr__(self, "greedy", True)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Adjusted distribution: logits [..., V] -> float32 probabilities [..., V]."""
+        if logits.dim() == 0 or logits.shape[-1] == 0:
+            raise ValueError(f"logits must have a non-empty last (vocabulary) dimension, got shape {tuple(logits.shape)}")
+        logits = logits.float()
+        if not torch.isfinite(logits).all():
+            bad = "NaN" if torch.isnan(logits).any() else "infinite"
+            raise ValueError(f"logits contain {bad} values; the model's output is not usable")
+        if self.greedy:
+            # argmax returns the first maximal index: ties are broken towards the lowest id.
+            return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        logits = logits / self.temperature
+        if self.top_k and self.top_k < logits.shape[-1]:
+            kth = torch.topk(logits, self.top_k, dim=-1).values[..., -1:]  # [..., 1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        if self.top_p < 1.0:
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            mass_before = sorted_probs.cumsum(-1) - sorted_probs  # mass of strictly better tokens
+            drop_sorted = mass_before >= self.top_p  # the most likely token is never dropped
+            drop = drop_sorted.scatter(-1, order, drop_sorted)
+            probs = probs.masked_fill(drop, 0.0)
+            probs = probs / probs.sum(-1, keepdim=True)
+        return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token per row: probs [..., V] -> token ids [...] (int64)."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    tokens = torch.multinomial(flat, 1, generator=generator)  # [N, 1]
+    return tokens.reshape(probs.shape[:-1])

@@ -1,0 +1,143 @@
+"""The decode loop on toy models: greedy identity, stopping, errors, the step stream."""
+
+import pytest
+import torch
+
+from specdecode import (ModelDrafter, PromptLookupDrafter, SamplingParams, autoregressive_decode,
+                        speculative_decode)
+from specdecode.models.base import VocabularyMismatch
+from toy import ToyModel
+
+GREEDY = SamplingParams(temperature=0)
+
+
+def tokens_of(steps):
+    return [t for step in steps for t in step.tokens]
+
+
+def toy_pair(vocab_size=6, eos=()):
+    target = ToyModel(vocab_size, seed=11, eos_token_ids=eos)
+    draft = ToyModel(vocab_size, seed=12, scale=0.7, base=target, eos_token_ids=eos)
+    return target, draft
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4, 7])
+@pytest.mark.parametrize("drafter_kind", ["model", "lookup"])
+def test_greedy_speculative_equals_greedy_autoregressive(gamma, drafter_kind):
+    target, draft = toy_pair()
+    drafter = ModelDrafter(draft) if drafter_kind == "model" else PromptLookupDrafter()
+    prompt = [1, 2, 3, 1, 2]
+    expected = tokens_of(autoregressive_decode(target, prompt, params=GREEDY, max_new_tokens=40))
+    steps = list(speculative_decode(target, drafter, prompt, gamma=gamma, params=GREEDY, max_new_tokens=40))
+    assert tokens_of(steps) == expected
+    assert len(expected) == 40
+    assert any(step.num_accepted > 0 for step in steps)  # the draft really contributed
+    assert len(steps) < 40 or drafter_kind == "lookup"
+
+
+def test_each_step_is_one_target_call_with_one_to_gamma_plus_one_tokens():
+    target, draft = toy_pair()
+    target.calls = 0
+    steps = list(speculative_decode(target, ModelDrafter(draft), [0, 4], gamma=3, params=GREEDY, max_new_tokens=30))
+    assert target.calls == len(steps) + 1  # plus the prefill of the prompt's first token
+    for step in steps:
+        assert 1 <= len(step.tokens) <= 4
+        assert step.from_draft == [True] * step.num_accepted + [False] * (len(step.tokens) - step.num_accepted)
+        assert step.proposed[: step.num_accepted] == step.tokens[: step.num_accepted]
+        if step.rejected:
+            assert step.rejected[0] != step.tokens[step.num_accepted]  # greedy: the correction differs
+        assert step.draft_seconds >= 0 and step.target_seconds > 0
+
+
+def test_max_new_tokens_is_exact_and_no_draft_is_wasted_past_it():
+    target, draft = toy_pair()
+    for limit in (1, 2, 5, 13):
+        steps = list(speculative_decode(target, ModelDrafter(draft), [0], gamma=4, params=GREEDY,
+                                        max_new_tokens=limit))
+        assert len(tokens_of(steps)) == limit
+        assert steps[-1].finish_reason == "length"
+        emitted = 0
+        for step in steps:
+            assert len(step.proposed) <= limit - emitted - 1
+            emitted += len(step.tokens)
+
+
+def test_eos_stops_generation_and_is_the_last_token():
+    target, draft = toy_pair(eos=(3,))
+    for steps in (
+        list(speculative_decode(target, ModelDrafter(draft), [0], gamma=4, params=SamplingParams(), seed=5,
+                                max_new_tokens=200)),
+        list(autoregressive_decode(target, [0], params=SamplingParams(), seed=5, max_new_tokens=200)),
+    ):
+        out = tokens_of(steps)
+        assert out[-1] == 3 and 3 not in out[:-1]
+        assert steps[-1].finish_reason == "eos"
+
+
+def test_context_window_is_respected():
+    target, draft = toy_pair()
+    target.max_positions = 12
+    out = tokens_of(speculative_decode(target, ModelDrafter(draft), [0, 1], gamma=4, params=GREEDY,
+                                       max_new_tokens=100))
+    assert len(out) == 10
+    with pytest.raises(ValueError, match="context holds at most 12"):
+        list(speculative_decode(target, ModelDrafter(draft), list(range(5)) * 3, params=GREEDY))
+
+
+def test_seed_makes_sampling_reproducible():
+    target, draft = toy_pair()
+
+    def run(seed):
+        return tokens_of(speculative_decode(target, ModelDrafter(draft), [0], gamma=3, params=SamplingParams(),
+                                            seed=seed, max_new_tokens=30))
+
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+
+
+def test_different_vocabularies_are_refused_naming_both():
+    target = ToyModel(6, name="target-vocab")
+    draft = ToyModel(7, name="draft-vocab")
+    with pytest.raises(VocabularyMismatch, match="target vocabulary target-vocab.*draft vocabulary draft-vocab"):
+        next(speculative_decode(target, ModelDrafter(draft), [0]))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(gamma=-1), "gamma"),
+        (dict(gamma=1.5), "gamma"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(lenience=0.0), "lenience"),
+        (dict(lenience=2.0), "lenience"),
+    ],
+)
+def test_invalid_arguments_are_refused(kwargs, message):
+    target, draft = toy_pair()
+    with pytest.raises(ValueError, match=message):
+        next(speculative_decode(target, ModelDrafter(draft), [0], **kwargs))
+
+
+def test_empty_prompt_is_refused():
+    target, draft = toy_pair()
+    with pytest.raises(ValueError, match="prompt has no tokens"):
+        next(speculative_decode(target, ModelDrafter(draft), []))
+    with pytest.raises(ValueError, match="prompt has no tokens"):
+        next(autoregressive_decode(target, []))
+
+
+def test_stopping_early_then_starting_again_is_clean():
+    target, draft = toy_pair()
+    drafter = ModelDrafter(draft)
+    stream = speculative_decode(target, drafter, [0], gamma=3, params=GREEDY, max_new_tokens=50)
+    next(stream)
+    stream.close()  # the consumer walks away mid-generation
+    full = tokens_of(speculative_decode(target, drafter, [0], gamma=3, params=GREEDY, max_new_tokens=50))
+    assert full == tokens_of(autoregressive_decode(target, [0], params=GREEDY, max_new_tokens=50))
+
+
+def test_lenient_greedy_is_still_greedy():
+    target, draft = toy_pair()
+    spec = tokens_of(speculative_decode(target, ModelDrafter(draft), [0], gamma=3, params=GREEDY, lenience=0.3,
+                                        max_new_tokens=30))
+    assert spec == tokens_of(autoregressive_decode(target, [0], params=GREEDY, max_new_tokens=30))

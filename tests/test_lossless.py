@@ -1,0 +1,97 @@
+"""Whole-sequence losslessness: speculative samples through the real decode loop, with caches,
+match the target's exactly enumerated distribution over full sequences."""
+
+import pytest
+import torch
+
+import specdecode.decode
+from specdecode import ModelDrafter, PromptLookupDrafter, SamplingParams, speculative_decode
+from specdecode.sampling import sample
+from specdecode.verify import verify
+from stats import chi2_pvalue
+from toy import ToyCache, ToyModel, sequence_distribution
+
+LENGTH = 6  # new tokens; longer than gamma + 1 so every gamma runs full iterations and rollbacks
+SAMPLES = 10_000
+PROMPT = [0]
+SETTINGS = {
+    "temperature 1": SamplingParams(temperature=1.0),
+    "temperature 0.7": SamplingParams(temperature=0.7),
+    "top-k 2": SamplingParams(top_k=2),
+    "top-p 0.8": SamplingParams(top_p=0.8),
+}
+
+
+def models(eos=()):
+    target = ToyModel(3, seed=1, eos_token_ids=eos)
+    draft = ToyModel(3, seed=2, scale=1.0, base=target, eos_token_ids=eos)  # resembles the target
+    return target, draft
+
+
+def whole_sequence_pvalue(drafter_for, gamma, params, eos=(), samples=SAMPLES, seed=0):
+    target, draft = models(eos)
+    drafter = drafter_for(draft)
+    gen = torch.Generator().manual_seed(seed)
+    outcomes = []
+    for _ in range(samples):
+        seq = []
+        for step in speculative_decode(target, drafter, PROMPT, gamma=gamma, params=params,
+                                       max_new_tokens=LENGTH, generator=gen):
+            assert 1 <= len(step.tokens) <= gamma + 1
+            seq += step.tokens
+        outcomes.append(tuple(seq))
+    expected = sequence_distribution(target, PROMPT, params, LENGTH, frozenset(eos))
+    return chi2_pvalue(outcomes, expected)
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_model_drafter_matches_target_over_whole_sequences(gamma, setting):
+    assert whole_sequence_pvalue(ModelDrafter, gamma, SETTINGS[setting]) > 1e-3
+
+
+def test_prompt_lookup_matches_target_over_whole_sequences():
+    assert whole_sequence_pvalue(lambda draft: PromptLookupDrafter(), 3, SETTINGS["temperature 1"]) > 1e-3
+
+
+def test_eos_inside_an_accepted_run_ends_the_sequence_exactly():
+    assert whole_sequence_pvalue(ModelDrafter, 4, SETTINGS["temperature 1"], eos=(2,)) > 1e-3
+
+
+# The same check, run on deliberately broken loops, must fail: it has the power to catch them.
+
+def test_check_fails_when_the_loop_skips_the_residual(monkeypatch):
+    def no_residual(tokens, probs, target_probs, gen, lenience=1.0):
+        verdict = verify(tokens, probs, target_probs, gen, lenience)
+        rows = torch.arange(tokens.shape[0])
+        n = verdict.num_accepted
+        rejected = n < tokens.shape[1]
+        redraw = sample(target_probs[rows, n], gen)
+        verdict.tokens[rows, n] = torch.where(rejected, redraw, verdict.tokens[rows, n])
+        return verdict
+
+    monkeypatch.setattr(specdecode.decode, "verify", no_residual)
+    assert whole_sequence_pvalue(ModelDrafter, 3, SETTINGS["temperature 1"]) < 1e-6
+
+
+def test_check_fails_when_the_target_cache_is_not_trimmed(monkeypatch):
+    class UntrimmedCache(ToyCache):
+        def trim(self, n):
+            pass
+
+    target_new_cache = lambda self: UntrimmedCache() if self.base is None else ToyCache()  # noqa: E731
+    monkeypatch.setattr(ToyModel, "new_cache", target_new_cache)
+    assert whole_sequence_pvalue(ModelDrafter, 3, SETTINGS["temperature 1"]) < 1e-6
+
+
+def test_check_fails_when_every_draft_is_accepted(monkeypatch):
+    def always_accept(tokens, probs, target_probs, gen, lenience=1.0):
+        verdict = verify(tokens, probs, target_probs, gen, lenience)
+        g = tokens.shape[1]
+        bonus = sample(target_probs[:, g], gen)
+        verdict.tokens = torch.cat([tokens, bonus.unsqueeze(1)], 1)
+        verdict.num_accepted = torch.full_like(verdict.num_accepted, g)
+        return verdict
+
+    monkeypatch.setattr(specdecode.decode, "verify", always_accept)
+    assert whole_sequence_pvalue(ModelDrafter, 3, SETTINGS["temperature 1"]) < 1e-6

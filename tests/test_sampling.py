@@ -1,0 +1,74 @@
+import math
+
+import pytest
+import torch
+
+from specdecode.sampling import SamplingParams, sample
+
+
+def test_temperature_one_is_softmax():
+    logits = torch.tensor([1.0, 2.0, 0.5])
+    assert torch.allclose(SamplingParams().probs(logits), torch.softmax(logits, -1))
+
+
+def test_temperature_scales_logits():
+    logits = torch.tensor([1.0, 2.0, 0.5])
+    assert torch.allclose(SamplingParams(temperature=0.5).probs(logits), torch.softmax(logits / 0.5, -1))
+
+
+def test_zero_temperature_is_greedy_with_lowest_id_on_ties():
+    params = SamplingParams(temperature=0.0)
+    assert params.is_greedy
+    probs = params.probs(torch.tensor([[0.1, 3.0, 3.0, -1.0]]))
+    assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0]]
+
+
+def test_top_k_keeps_k_most_likely():
+    probs = SamplingParams(top_k=2).probs(torch.tensor([1.0, 3.0, 2.0, 0.0]))
+    expected = torch.softmax(torch.tensor([3.0, 2.0]), -1)
+    assert probs[[0, 3]].tolist() == [0.0, 0.0]
+    assert torch.allclose(probs[[1, 2]], expected)
+
+
+def test_top_p_keeps_smallest_set_reaching_mass():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    probs = SamplingParams(top_p=0.75).probs(logits)
+    assert torch.allclose(probs, torch.tensor([0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0]))
+    # the most likely token always survives, however small top_p is
+    assert SamplingParams(top_p=0.01).probs(logits).tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_top_p_is_batched_per_row():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.2, 0.7]]))
+    probs = SamplingParams(top_p=0.6).probs(logits)
+    assert torch.allclose(probs, torch.tensor([[0.5 / 0.8, 0.3 / 0.8, 0.0], [0.0, 0.0, 1.0]]))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(temperature=-0.1), "temperature"),
+        (dict(temperature=math.nan), "temperature"),
+        (dict(temperature=math.inf), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_k=-1), "top_k"),
+        (dict(top_k=2.5), "top_k"),
+    ],
+)
+def test_invalid_settings_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_logits_are_refused(bad):
+    with pytest.raises(ValueError, match="logits contain"):
+        SamplingParams().probs(torch.tensor([0.0, bad, 1.0]))
+
+
+def test_sample_is_reproducible_with_a_seed():
+    probs = torch.full((4, 10), 0.1)
+    a = sample(probs, torch.Generator().manual_seed(3))
+    b = sample(probs, torch.Generator().manual_seed(3))
+    assert a.shape == (4,) and torch.equal(a, b)
