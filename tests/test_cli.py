@@ -1,0 +1,81 @@
+"""`specdecode generate` end to end, as a user runs it."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+QUESTION = "What is the capital of France?"
+
+
+def run(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "specdecode", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--temperature", "-1"], "temperature"),
+        (["--top-p", "0"], "top_p"),
+        (["--top-k", "-3"], "top_k"),
+        (["--gamma", "-2"], "--gamma"),
+        (["--lenience", "0"], "--lenience"),
+        (["--max-new-tokens", "0"], "--max-new-tokens"),
+        (["--target", "/no/such/model.gguf"], "does not exist"),
+    ],
+)
+def test_bad_input_gets_a_clear_error_and_no_traceback(args, message):
+    result = run("generate", QUESTION, *args)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_empty_prompt_is_refused():
+    result = run("generate", "   ")
+    assert result.returncode == 2 and "prompt is empty" in result.stderr
+
+
+@pytest.mark.slow
+def test_generate_json_on_the_default_model():
+    result = run("generate", QUESTION, "--json", "--max-new-tokens", "24", "--dtype", "float32")
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert "Paris" in record["text"]
+    assert record["mode"] == "speculative" and record["draft"] == "lookup"
+    assert record["new_tokens"] == len(record["tokens"]) and record["finish_reason"] == "eos"
+    assert record["target_calls"] <= record["new_tokens"]
+    assert record["tokens_per_call"] == pytest.approx(record["new_tokens"] / record["target_calls"])
+    assert record["tokens_per_second"] > 0 and record["wall_seconds"] > 0
+
+
+@pytest.mark.slow
+def test_streamed_text_speculative_equals_baseline(tmp_path):
+    prompt = ("Rewrite the following sentence in the past tense: 'The committee reviews the budget, approves the "
+              "new library, and announces the decision to the whole town on Friday.'")
+    common = ["generate", prompt, "--max-new-tokens", "40", "--dtype", "float32", "--no-color"]
+    spec, base = run(*common), run(*common, "--baseline")
+    assert spec.returncode == 0 and base.returncode == 0, spec.stderr + base.stderr
+    assert spec.stdout == base.stdout and "committee" in spec.stdout
+    assert "target calls" in spec.stderr and "acceptance" in spec.stderr and "tokens/s" in spec.stderr
+    assert "acceptance n/a" in base.stderr
+
+
+@pytest.mark.slow
+def test_draft_with_another_vocabulary_is_refused_naming_both(tmp_path):
+    from tokenizers import Tokenizer, models
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(100)}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="w0")))
+    config = LlamaConfig(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1)
+    draft_dir = tmp_path / "other-vocab-draft"
+    LlamaForCausalLM(config).save_pretrained(draft_dir)
+    tokenizer.save_pretrained(draft_dir)
+    result = run("generate", QUESTION, "--draft", str(draft_dir))
+    assert result.returncode == 2
+    assert "target vocabulary SmolLM2-135M-Instruct" in result.stderr
+    assert "draft vocabulary other-vocab-draft (100 tokens" in result.stderr
+    assert "Traceback" not in result.stderr

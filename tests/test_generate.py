@@ -1,0 +1,74 @@
+"""The text layer: stop strings, text pieces for rendering, statistics."""
+
+import pytest
+
+from specdecode import ModelDrafter, SamplingParams, Stats, generate
+from specdecode.render import format_summary, render_step
+from toy import ToyModel
+
+GREEDY = SamplingParams(temperature=0)
+
+
+class LetterTokenizer:
+    """Token i is the i-th letter."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join("abcdef"[i] for i in ids)
+
+
+def toy_target():
+    target = ToyModel(6, seed=11)
+    target.tokenizer = LetterTokenizer()
+    return target, ToyModel(6, seed=12, scale=0.7, base=target)
+
+
+def test_pieces_concatenate_to_the_output_and_split_at_the_draft_boundary():
+    target, draft = toy_target()
+    stats = Stats()
+    pieces = list(generate(target, [0], ModelDrafter(draft), gamma=3, params=GREEDY, max_new_tokens=30, stats=stats))
+    text = "".join(p.accepted_text + p.target_text for p in pieces)
+    assert text == LetterTokenizer().decode(stats.tokens) and len(text) == 30
+    for piece in pieces:
+        assert len(piece.accepted_text) == piece.step.num_accepted
+        assert len(piece.target_text) == len(piece.step.tokens) - piece.step.num_accepted
+        assert piece.rejected_text == LetterTokenizer().decode(piece.step.rejected)
+
+
+def test_stop_string_ends_generation_before_it():
+    target, draft = toy_target()
+    full = "".join(p.accepted_text + p.target_text for p in generate(target, [0], ModelDrafter(draft), params=GREEDY,
+                                                                        max_new_tokens=30))
+    stop = full[12:14]
+    first = full.index(stop)
+    stats = Stats()
+    pieces = list(generate(target, [0], ModelDrafter(draft), params=GREEDY, max_new_tokens=30, stop=[stop],
+                           stats=stats))
+    assert "".join(p.accepted_text + p.target_text for p in pieces) == full[:first]
+    assert pieces[-1].finish_reason == "stop" and stats.finish_reason == "stop"
+
+
+def test_empty_stop_string_is_refused():
+    target, draft = toy_target()
+    with pytest.raises(ValueError, match="stop strings"):
+        next(generate(target, [0], ModelDrafter(draft), stop=[""]))
+
+
+def test_stats_and_summary_of_a_baseline_run():
+    target, _ = toy_target()
+    stats = Stats()
+    list(generate(target, [0], None, params=GREEDY, max_new_tokens=9, stats=stats))
+    assert (stats.new_tokens, stats.target_calls, stats.tokens_per_call) == (9, 9, 1.0)
+    assert stats.acceptance_rate is None and stats.finish_reason == "length"
+    summary = format_summary(stats)
+    assert "9 tokens" in summary and "9 target calls" in summary and "acceptance n/a" in summary
+
+
+def test_render_colours_the_three_kinds_of_token():
+    target, draft = toy_target()
+    pieces = list(generate(target, [0], ModelDrafter(draft), gamma=3, params=GREEDY, max_new_tokens=30))
+    piece = next(p for p in pieces if p.rejected_text and p.accepted_text)
+    styled = render_step(piece, color=True)
+    styles = {str(span.style) for span in styled.spans}
+    assert {"green", "red strike", "blue"} <= styles
+    assert styled.plain == piece.accepted_text + piece.rejected_text + piece.target_text
+    assert render_step(piece, color=False).plain == piece.accepted_text + piece.target_text

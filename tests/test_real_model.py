@@ -1,0 +1,78 @@
+"""Integration on the embedded default target, SmolLM2-135M-Instruct (fp32: exact greedy identity
+needs it; in bf16 a batched forward can flip near-ties, see README)."""
+
+import pytest
+import torch
+
+from specdecode import (ModelDrafter, PromptLookupDrafter, SamplingParams, autoregressive_decode, encode_prompt,
+                        speculative_decode)
+from specdecode.models.hf import HFModel
+
+pytestmark = pytest.mark.slow
+GREEDY = SamplingParams(temperature=0)
+PROMPT = ("Rewrite the following sentence in the past tense: 'The committee reviews the budget, approves the new "
+          "library, and announces the decision to the whole town on Friday.'")
+
+
+@pytest.fixture(scope="module")
+def target():
+    from specdecode.models.default import load_default_target
+
+    return load_default_target(dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_draft(target):
+    """A 2-layer random Llama with the target's tokenizer: cheap, same vocabulary, mostly wrong."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=target.model.config.vocab_size, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=2048)
+    return HFModel(LlamaForCausalLM(config), target.tokenizer, name="tiny-random")
+
+
+def greedy_tokens(steps):
+    return [t for step in steps for t in step.tokens]
+
+
+def test_default_model_answers_a_simple_question(target):
+    ids = encode_prompt(target.tokenizer, "What is the capital of France?")
+    out = greedy_tokens(autoregressive_decode(target, ids, params=GREEDY, max_new_tokens=20))
+    assert "Paris" in target.tokenizer.decode(out)
+    assert out[-1] in target.eos_token_ids
+
+
+@pytest.mark.parametrize("gamma", [3, 6])
+def test_greedy_with_prompt_lookup_equals_plain_greedy(target, gamma):
+    ids = encode_prompt(target.tokenizer, PROMPT)
+    expected = greedy_tokens(autoregressive_decode(target, ids, params=GREEDY, max_new_tokens=40))
+    steps = list(speculative_decode(target, PromptLookupDrafter(), ids, gamma=gamma, params=GREEDY,
+                                    max_new_tokens=40))
+    assert greedy_tokens(steps) == expected
+    assert sum(s.num_accepted for s in steps) > 5  # copying from the prompt really paid off
+    assert len(steps) < len(expected)
+
+
+def test_greedy_with_a_draft_model_equals_plain_greedy(target, tiny_draft):
+    ids = encode_prompt(target.tokenizer, "Name three primary colours.")
+    expected = greedy_tokens(autoregressive_decode(target, ids, params=GREEDY, max_new_tokens=24))
+    steps = list(speculative_decode(target, ModelDrafter(tiny_draft), ids, gamma=3, params=GREEDY,
+                                    max_new_tokens=24))
+    assert greedy_tokens(steps) == expected
+    assert steps[0].proposed and all(len(s.proposed) <= 3 for s in steps)
+
+
+def test_hf_cache_trim_rolls_back_exactly(target):
+    ids = torch.tensor([encode_prompt(target.tokenizer, "Hello there")])
+    cache = target.new_cache()
+    target.forward(ids, cache)
+    length = len(cache)
+    first = target.forward(torch.tensor([[1000, 2000, 3000]]), cache)
+    cache.trim(3)
+    assert len(cache) == length
+    again = target.forward(torch.tensor([[1000, 2000, 3000]]), cache)
+    assert torch.allclose(first, again, atol=1e-5)
+    with pytest.raises(ValueError, match="cannot trim"):
+        cache.trim(len(cache) + 1)
