@@ -25,4 +25,4 @@ test: setup
 	$(VENV)/bin/python -m pytest -q
 
 bench: setup
-	$(VENV)/bin/python benchmarks/generate_vs_baseline.py --out benchmarks/results/generate_vs_baseline.md
+	$(VENV)/bin/python benchmarks/generate_vs_baseline.py --out benchmarks/results/generate_vs_baseline_bfloat16.md

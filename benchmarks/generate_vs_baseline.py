@@ -68,6 +68,7 @@ def main():
             rows.append(dict(category=q["category"], question_id=q["question_id"], prompt_tokens=len(ids),
                              method=name, new_tokens=stats[0].new_tokens,
                              tokens_per_call=stats[0].tokens_per_call, acceptance=stats[0].acceptance_rate,
+                             alpha=stats[0].alpha,
                              tokens_per_second=tps, speedup=tps / base_tps,
                              identical=stats[0].tokens == base_tokens))
             print(json.dumps(rows[-1]), file=sys.stderr)
@@ -77,13 +78,14 @@ def main():
         f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}, "
         f"dtype {args.dtype}, greedy, max_new_tokens {args.max_new_tokens}, median of {args.repeats} runs",
         "",
-        "| task | question | prompt tokens | method | new tokens | tokens/call | acceptance | tokens/s | speedup | identical to baseline |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| task | question | prompt tokens | method | new tokens | tokens/call | acceptance | alpha | tokens/s | speedup | identical to baseline |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.1%}"
+        alpha = "-" if r["alpha"] is None else f"{r['alpha']:.2f}"
         lines.append(f"| {r['category']} | {r['question_id']} | {r['prompt_tokens']} | {r['method']} | {r['new_tokens']} "
-                     f"| {r['tokens_per_call']:.2f} | {acc} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x "
+                     f"| {r['tokens_per_call']:.2f} | {acc} | {alpha} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x "
                      f"| {'yes' if r['identical'] else 'no'} |")
     report = "\n".join(lines) + "\n"
     print(report)

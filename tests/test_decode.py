@@ -141,3 +141,14 @@ def test_lenient_greedy_is_still_greedy():
     spec = tokens_of(speculative_decode(target, ModelDrafter(draft), [0], gamma=3, params=GREEDY, lenience=0.3,
                                         max_new_tokens=30))
     assert spec == tokens_of(autoregressive_decode(target, [0], params=GREEDY, max_new_tokens=30))
+
+
+def test_betas_are_the_acceptance_probabilities_of_the_kept_positions():
+    target, draft = toy_pair()
+    for step in speculative_decode(target, ModelDrafter(draft), [0], gamma=3, params=GREEDY, max_new_tokens=40):
+        # greedy: beta is 1 where the draft matched the argmax, 0 at the first mismatch
+        assert step.betas == [1.0] * step.num_accepted + [0.0] * (len(step.betas) - step.num_accepted)
+        assert len(step.betas) == min(step.num_accepted + 1, len(step.proposed))
+    betas = [b for step in speculative_decode(target, ModelDrafter(draft), [0], gamma=3, params=SamplingParams(),
+                                               seed=1, max_new_tokens=200) for b in step.betas]
+    assert all(0.0 < b < 1.0 for b in betas) and len(betas) > 50

@@ -18,7 +18,7 @@ import torch
 from .drafters.base import Draft, Drafter
 from .models.base import Model, check_same_vocab
 from .sampling import SamplingParams, sample
-from .verify import verify
+from .verify import acceptance, verify
 
 
 @dataclass
@@ -28,6 +28,9 @@ class Step:
     tokens: list[int]  # emitted, in order: num_accepted draft tokens, then the target's own token
     num_accepted: int  # how many leading `tokens` came from the draft
     proposed: list[int] = field(default_factory=list)  # the draft's whole proposal
+    # beta_i = sum_x min(p_i, q_i) at each draft position whose prefix the target kept (positions
+    # 0..num_accepted, at most gamma): the exact acceptance probability there, for estimating alpha.
+    betas: list[float] = field(default_factory=list)
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     finish_reason: str | None = None  # "eos" or "length" on the last step, else None
@@ -130,6 +133,7 @@ def speculative_decode(
         verdict = verify(draft.tokens, draft_probs, target_probs, gen, lenience)
         n = int(verdict.num_accepted[0])
         new = verdict.emitted(0)
+        betas = _betas(draft, draft_probs, target_probs, n)
 
         # 4. Roll back: the target cache now holds context + g drafts; keep context + n accepted.
         #    The extra token is the newest context token: it is fed with the next draft. When all g
@@ -146,6 +150,7 @@ def speculative_decode(
             tokens=new,
             num_accepted=min(n, len(new)),
             proposed=draft.tokens[0].tolist(),
+            betas=betas,
             draft_seconds=t1 - t0,
             target_seconds=t2 - t1,
             finish_reason=finish,
@@ -184,6 +189,17 @@ def autoregressive_decode(
         yield Step(tokens=new, num_accepted=0, target_seconds=t1 - t0, finish_reason=finish)
         if finish:
             return
+
+
+def _betas(draft: Draft, draft_probs: torch.Tensor | None, target_probs: torch.Tensor, n: int) -> list[float]:
+    """Acceptance probability at draft positions 0..min(n, g-1) (row 0)."""
+    kept = min(n + 1, draft.gamma)
+    if kept == 0:
+        return []
+    if draft_probs is None:  # point mass: beta = p(x)
+        tokens = draft.tokens[0, :kept]
+        return target_probs[0, torch.arange(kept), tokens].tolist()
+    return acceptance(target_probs[0, :kept], draft_probs[0, :kept]).tolist()
 
 
 def _match_vocab(draft_probs: torch.Tensor | None, vocab_size: int) -> torch.Tensor | None:

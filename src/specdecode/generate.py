@@ -49,6 +49,8 @@ class Stats:
     target_calls: int = 0
     proposed: int = 0  # draft tokens proposed
     accepted: int = 0  # draft tokens accepted
+    beta_sum: float = 0.0  # sum of per-position acceptance probabilities (see Step.betas)
+    beta_count: int = 0
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     wall_seconds: float = 0.0  # prefill included
@@ -60,6 +62,8 @@ class Stats:
         self.target_calls += 1
         self.proposed += len(step.proposed)
         self.accepted += step.num_accepted
+        self.beta_sum += sum(step.betas)
+        self.beta_count += len(step.betas)
         self.draft_seconds += step.draft_seconds
         self.target_seconds += step.target_seconds
         self.tokens.extend(step.tokens)
@@ -74,6 +78,11 @@ class Stats:
         return self.accepted / self.proposed if self.proposed else None
 
     @property
+    def alpha(self) -> float | None:
+        """Mean acceptance probability E[sum_x min(p, q)] over the positions drafted in this run."""
+        return self.beta_sum / self.beta_count if self.beta_count else None
+
+    @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
@@ -83,6 +92,7 @@ class Stats:
         out.update(
             tokens_per_call=self.tokens_per_call,
             acceptance_rate=self.acceptance_rate,
+            alpha=self.alpha,
             tokens_per_second=self.tokens_per_second,
         )
         return out

@@ -29,6 +29,12 @@ import torch
 from .sampling import sample
 
 
+def acceptance(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
+    """beta = sum_x min(p(x), q(x)) = 1 - D_LK(p, q): the probability that a token drawn from q is
+    accepted (paper, Theorem 3.5); [..., V] -> [...]."""
+    return torch.minimum(target_probs, draft_probs).sum(-1)
+
+
 @dataclass
 class Verdict:
     """Outcome of one verification.
