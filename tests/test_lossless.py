@@ -74,14 +74,19 @@ def test_check_fails_when_the_loop_skips_the_residual(monkeypatch):
     assert whole_sequence_pvalue(ModelDrafter, 3, SETTINGS["temperature 1"]) < 1e-6
 
 
-def test_check_fails_when_the_target_cache_is_not_trimmed(monkeypatch):
-    class UntrimmedCache(ToyCache):
-        def trim(self, n):
-            pass
+def test_check_fails_when_the_target_cache_rolls_back_the_wrong_positions(monkeypatch):
+    class WrongEndCache(ToyCache):
+        def trim(self, n):  # drops the oldest positions instead of the rejected newest ones
+            del self.tokens[:n]
 
-    target_new_cache = lambda self: UntrimmedCache() if self.base is None else ToyCache()  # noqa: E731
-    monkeypatch.setattr(ToyModel, "new_cache", target_new_cache)
+    monkeypatch.setattr(ToyModel, "new_cache", lambda self: WrongEndCache() if self.base is None else ToyCache())
     assert whole_sequence_pvalue(ModelDrafter, 3, SETTINGS["temperature 1"]) < 1e-6
+
+
+def test_a_cache_that_does_not_trim_is_caught(monkeypatch):
+    monkeypatch.setattr(ToyCache, "trim", lambda self, n: None)
+    with pytest.raises(RuntimeError, match="cache holds"):
+        whole_sequence_pvalue(ModelDrafter, 3, SETTINGS["temperature 1"], samples=50)
 
 
 def test_check_fails_when_every_draft_is_accepted(monkeypatch):

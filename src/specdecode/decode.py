@@ -1,8 +1,9 @@
 """The one speculative decode loop (Leviathan et al. 2023, Algorithm 1) and the plain
 autoregressive baseline, both generators that yield one `Step` per target call.
 
-Cache invariant, for the target and a model drafter alike: the cache holds every context token
-except the newest one, which is fed together with the next draft. One target forward over
+Cache invariant, for the target and a model drafter alike: between iterations the cache holds
+every context token except the newest one, which is fed together with the next draft (the first
+iteration feeds the whole prompt: the prefill). One target forward over
 [newest, d_1, ..., d_g] then gives the g+1 distributions the verifier needs, and a rejection is
 undone by trimming the g - n rejected positions, never by recomputing the prefix.
 """
@@ -108,9 +109,6 @@ def speculative_decode(
     context = list(prompt)
     cache = target.new_cache()  # owned by this generator: stopping early leaves nothing to restore
 
-    # 0. Prefill every prompt token but the newest (it is fed with the first draft).
-    if len(context) > 1:
-        target.forward(torch.tensor([context[:-1]]), cache, num_logits=1)
     emitted = 0
     while True:
         # 1. Draft. Never past the length limit or the context window: those tokens would be thrown away.
@@ -122,9 +120,14 @@ def speculative_decode(
         g = draft.gamma
         t1 = time.perf_counter()
 
-        # 2. Score the newest context token and the g draft tokens in ONE target call.
-        tokens = torch.cat([torch.tensor([[context[-1]]]), draft.tokens], dim=1)  # [1, g+1]
-        logits = target.forward(tokens, cache)  # [1, g+1, V]
+        # 2. Score the draft in ONE target call, fed after the context tokens the cache has not seen:
+        #    the whole prompt on the first call (the prefill), the newest token after that.
+        if len(cache) >= len(context):
+            raise RuntimeError(f"the target cache holds {len(cache)} positions for a context of {len(context)}: "
+                               "its trim() did not roll back")
+        unseen = torch.tensor([context[len(cache):]])  # [1, u]
+        tokens = torch.cat([unseen, draft.tokens], dim=1)  # [1, u+g]
+        logits = target.forward(tokens, cache, num_logits=g + 1)  # [1, g+1, V]
         target_probs = params.probs(logits)  # [1, g+1, V]
         t2 = time.perf_counter()
 
@@ -175,20 +178,19 @@ def autoregressive_decode(
     gen = make_generator(seed, generator)
     limit = target.max_positions
     cache = target.new_cache()
-    # Same cache invariant as the speculative loop, so both are timed the same way.
-    if len(prompt) > 1:
-        target.forward(torch.tensor([list(prompt[:-1])]), cache, num_logits=1)
-    newest, length = prompt[-1], len(prompt)
+    length = len(prompt)
+    tokens = torch.tensor([list(prompt)])  # the first call prefills the prompt, later ones feed one token
     for emitted in range(max_new_tokens):
         t0 = time.perf_counter()
-        logits = target.forward(torch.tensor([[newest]]), cache)  # [1, 1, V]
-        newest = int(sample(params.probs(logits[:, -1]), gen))
+        logits = target.forward(tokens, cache, num_logits=1)  # [1, 1, V]
+        token = int(sample(params.probs(logits[:, -1]), gen))
         t1 = time.perf_counter()
-        new, finish = _finish([newest], emitted, max_new_tokens, eos, (limit - length) if limit else None)
+        new, finish = _finish([token], emitted, max_new_tokens, eos, (limit - length) if limit else None)
         length += 1
         yield Step(tokens=new, num_accepted=0, target_seconds=t1 - t0, finish_reason=finish)
         if finish:
             return
+        tokens = torch.tensor([[token]])
 
 
 def _betas(draft: Draft, draft_probs: torch.Tensor | None, target_probs: torch.Tensor, n: int) -> list[float]:

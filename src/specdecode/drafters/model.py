@@ -34,6 +34,9 @@ class ModelDrafter:
         if self.cache is None:
             raise RuntimeError("ModelDrafter.reset() must be called before propose()")
         unseen = list(context[len(self.cache) :])  # >= 1 token by the cache invariant
+        if not unseen:
+            raise RuntimeError(f"the draft cache holds {len(self.cache)} positions for a context of {len(context)}: "
+                               "its trim() did not roll back")
         logits = self.model.forward(torch.tensor([unseen]), self.cache, num_logits=1)[:, -1]  # [1, V]
         tokens, probs = [], []
         for i in range(gamma):
