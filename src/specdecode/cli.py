@@ -10,19 +10,39 @@ import sys
 LOOKUP = "lookup"
 
 
+def _model_options(with_draft: bool = True) -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--target", help="target model: a .gguf file or a transformers directory "
+                        "(default: the embedded SmolLM2-135M-Instruct)")
+    if with_draft:
+        common.add_argument("--draft", default=LOOKUP,
+                            help="draft model path, or 'lookup' for prompt lookup (default)")
+    common.add_argument("--dtype", default="bfloat16", help="bfloat16 (default, faster on CPU) or float32")
+    common.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    return common
+
+
+def _sampling_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = all)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = all)")
+
+
+def _prompt_options(parser: argparse.ArgumentParser, required: bool) -> None:
+    parser.add_argument("--prompts", required=required, default=None,
+                        help="prompt file: Spec-Bench jsonl (first turn), jsonl with 'prompt', or text lines")
+    parser.add_argument("--categories", nargs="+", default=None, help="categories or Spec-Bench tasks to keep")
+    parser.add_argument("--per-category", type=int, default=None, help="at most this many prompts per category")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdecode", description="Lossless speculative decoding.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    gen = commands.add_parser("generate", help="generate text, speculatively by default")
+    gen = commands.add_parser("generate", parents=[_model_options()], help="generate text, speculatively by default")
     gen.add_argument("prompt", help="the user message (the target's chat template is applied unless --raw)")
-    gen.add_argument("--target", help="target model: a .gguf file or a transformers directory "
-                     "(default: the embedded SmolLM2-135M-Instruct)")
-    gen.add_argument("--draft", default=LOOKUP, help="draft model path, or 'lookup' for prompt lookup (default)")
     gen.add_argument("--gamma", type=int, default=4, help="draft tokens per target call (default 4)")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = all)")
-    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = all)")
+    _sampling_options(gen)
     gen.add_argument("--lenience", type=float, default=1.0,
                      help="lenient acceptance in (0, 1]; 1 = exact (the target's distribution)")
     gen.add_argument("--seed", type=int, default=None, help="make sampling reproducible")
@@ -30,10 +50,47 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--baseline", action="store_true", help="plain autoregressive decoding, no draft")
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
-    gen.add_argument("--dtype", default="bfloat16", help="bfloat16 (default, faster on CPU) or float32")
-    gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     gen.add_argument("--no-color", action="store_true", help="plain text, no Figure-1 colours")
+
+    ana = commands.add_parser("analyze", help="the paper's formulas for given alpha and cost ratio c")
+    ana.add_argument("--alpha", type=float, required=True, help="expected acceptance rate, in [0, 1]")
+    ana.add_argument("--cost", type=float, default=0.0, help="cost ratio c = draft step / target step (default 0)")
+    ana.add_argument("--ops-cost", type=float, default=None, help="c_hat for the operations formula (default: --cost)")
+    ana.add_argument("--gamma", type=int, nargs="+", default=[1, 2, 3, 4, 5, 7, 10], help="gammas to tabulate")
+    ana.add_argument("--max-gamma", type=int, default=64, help="search bound for the optimal gamma")
+    ana.add_argument("--verify-curve", default=None,
+                     help="T(k)/T(1) for k=1.. as comma-separated numbers, or a profile JSON from `specdecode profile`")
+    ana.add_argument("--plot", default=None, help="write the paper's figures to this PNG")
+    ana.add_argument("--json", action="store_true")
+
+    alpha = commands.add_parser("alpha", parents=[_model_options()],
+                                help="measure alpha = E[sum min(p, q)] on tokens the target generates")
+    _prompt_options(alpha, required=True)
+    _sampling_options(alpha)
+    alpha.add_argument("--max-new-tokens", type=int, default=64)
+    alpha.add_argument("--seed", type=int, default=0)
+    alpha.add_argument("--json", action="store_true")
+
+    prof = commands.add_parser("profile", parents=[_model_options()],
+                               help="cost ratio c and the verification curve T(k)/T(1)")
+    prof.add_argument("--max-k", type=int, default=16)
+    prof.add_argument("--context", type=int, default=256, help="cached positions before timing")
+    prof.add_argument("--repeats", type=int, default=7)
+    prof.add_argument("--refresh", action="store_true", help="measure again instead of using the cached profile")
+    prof.add_argument("--json", action="store_true")
+
+    bench = commands.add_parser("bench", parents=[_model_options(with_draft=False)],
+                                help="benchmark drafters against the autoregressive baseline over a prompt set")
+    _prompt_options(bench, required=True)
+    bench.add_argument("--draft", action="append", default=[], help="a draft model path to include (repeatable)")
+    bench.add_argument("--gamma", type=int, nargs="+", default=[2, 4, 8])
+    bench.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--no-hf", action="store_true", help="leave out the transformers generate() anchors")
+    bench.add_argument("--hf-lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for the anchor")
+    bench.add_argument("--out", default="benchmarks/results/latest", help="output directory")
     return parser
 
 
@@ -46,18 +103,34 @@ def _load_target(args):
     return load_default_target(dtype=args.dtype, device=args.device)
 
 
-def _load_drafter(args, target):
-    from .drafters import ModelDrafter, PromptLookupDrafter
+def _load_draft_model(path: str, args, target):
     from .models.base import check_same_vocab
     from .models.hf import load_hf
 
-    if args.baseline:
+    draft = load_hf(path, dtype=args.dtype, device=args.device)
+    check_same_vocab(target.vocab, draft.vocab)
+    return draft
+
+
+def _load_drafter(args, target):
+    from .drafters import ModelDrafter, PromptLookupDrafter
+
+    if getattr(args, "baseline", False):
         return None
     if args.draft == LOOKUP:
         return PromptLookupDrafter()
-    draft = load_hf(args.draft, dtype=args.dtype, device=args.device)
-    check_same_vocab(target.vocab, draft.vocab)
-    return ModelDrafter(draft)
+    return ModelDrafter(_load_draft_model(args.draft, args, target))
+
+
+def _params(args):
+    from .sampling import SamplingParams
+
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+
+
+def _positive(name: str, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
 
 
 def cmd_generate(args) -> int:
@@ -65,16 +138,14 @@ def cmd_generate(args) -> int:
 
     from .generate import Stats, encode_prompt, generate
     from .render import format_summary, render_step
-    from .sampling import SamplingParams
 
     # Validate everything cheap before loading any model.
-    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    params = _params(args)
     if args.gamma < 0:
         raise ValueError(f"--gamma must be >= 0, got {args.gamma}")
     if not (0.0 < args.lenience <= 1.0):
         raise ValueError(f"--lenience must be in (0, 1], got {args.lenience}")
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    _positive("--max-new-tokens", args.max_new_tokens)
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
 
@@ -118,6 +189,192 @@ def cmd_generate(args) -> int:
     return 130 if stats.finish_reason == "interrupted" else 0
 
 
+def _verify_curve(spec: str | None) -> list[float] | None:
+    if spec is None:
+        return None
+    if spec.endswith(".json"):
+        from pathlib import Path
+
+        ratios = json.loads(Path(spec).read_text())["verify_ratios"]
+    else:
+        try:
+            ratios = [0.0] + [float(x) for x in spec.split(",")]
+        except ValueError:
+            raise ValueError(f"--verify-curve must be comma-separated numbers T(1)/T(1), T(2)/T(1), ...; got {spec!r}") from None
+    if len(ratios) < 2 or any(r <= 0 for r in ratios[1:]):
+        raise ValueError("--verify-curve needs positive ratios starting at k = 1")
+    return ratios
+
+
+def cmd_analyze(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .analysis.formulas import (expected_tokens, hardware_speedup, operations_increase, optimal_gamma,
+                                    speedup)
+
+    alpha, cost = args.alpha, args.cost
+    ops_cost = cost if args.ops_cost is None else args.ops_cost
+    if not (0.0 <= alpha <= 1.0):
+        raise ValueError(f"--alpha must be in [0, 1], got {alpha}")
+    if cost < 0 or ops_cost < 0:
+        raise ValueError(f"--cost and --ops-cost must be >= 0, got {cost} and {ops_cost}")
+    if any(g < 0 for g in args.gamma):
+        raise ValueError(f"--gamma values must be >= 0, got {args.gamma}")
+    _positive("--max-gamma", args.max_gamma)
+    curve = _verify_curve(args.verify_curve)
+    rows = []
+    for g in args.gamma:
+        row = dict(gamma=g, expected_tokens=expected_tokens(alpha, g), speedup=speedup(alpha, g, cost),
+                   operations_increase=operations_increase(alpha, g, ops_cost))
+        if curve:
+            row["speedup_hw"] = hardware_speedup(alpha, g, cost, curve)
+        rows.append(row)
+    best_gamma, best_speedup = optimal_gamma(alpha, cost, args.max_gamma)
+    result = dict(alpha=alpha, cost=cost, ops_cost=ops_cost, rows=rows,
+                  optimal_gamma=best_gamma, optimal_speedup=best_speedup)
+    if curve:
+        result["optimal_gamma_hw"], result["optimal_speedup_hw"] = optimal_gamma(alpha, cost, args.max_gamma, curve)
+    if args.plot:
+        from .analysis.plots import plot_analysis
+
+        result["plot"] = str(plot_analysis(args.plot, cost=cost if cost > 0 else 0.05, alpha=alpha))
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    table = Table(title=f"alpha = {alpha}, c = {cost}, c_hat = {ops_cost}")
+    for column in ["gamma", "expected tokens/iteration", "speedup", "ops increase"] + (["speedup with T(k)"] if curve else []):
+        table.add_column(column, justify="right")
+    for row in rows:
+        cells = [str(row["gamma"]), f"{row['expected_tokens']:.2f}", f"{row['speedup']:.2f}x",
+                 f"{row['operations_increase']:.2f}x"]
+        table.add_row(*cells + ([f"{row['speedup_hw']:.2f}x"] if curve else []))
+    console = Console(highlight=False)
+    console.print(table)
+    console.print(f"optimal gamma: {best_gamma} (speedup {best_speedup:.2f}x)")
+    if curve:
+        console.print(f"optimal gamma with the verification curve: {result['optimal_gamma_hw']} "
+                      f"(speedup {result['optimal_speedup_hw']:.2f}x)")
+    if args.plot:
+        console.print(f"figures written to {result['plot']}")
+    return 0
+
+
+def _load_prompt_ids(args, tokenizer):
+    from .bench.prompts import load_prompts
+    from .generate import encode_prompt
+
+    prompts = load_prompts(args.prompts, args.categories, args.per_category)
+    return prompts, [encode_prompt(tokenizer, p.text) for p in prompts]
+
+
+def cmd_alpha(args) -> int:
+    from .analysis.measure import measure_alpha
+
+    params = _params(args)
+    _positive("--max-new-tokens", args.max_new_tokens)
+    target = _load_target(args)
+    drafter = _load_drafter(args, target)
+    prompts, ids = _load_prompt_ids(args, target.tokenizer)
+    estimate = measure_alpha(target, drafter, ids, params, args.max_new_tokens, args.seed)
+    result = dict(draft=args.draft, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                  alpha=estimate.alpha, stderr=estimate.stderr, positions=estimate.positions,
+                  prompts=estimate.prompts)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"alpha = {estimate.alpha:.3f} +- {estimate.stderr:.3f} (standard error; {estimate.positions} "
+              f"positions over {estimate.prompts} prompts; draft {args.draft}, temperature {params.temperature:g})")
+    return 0
+
+
+def cmd_profile(args) -> int:
+    from .analysis.measure import drafter_step_seconds, profile_model
+
+    _positive("--max-k", args.max_k)
+    _positive("--context", args.context)
+    _positive("--repeats", args.repeats)
+    target = _load_target(args)
+    drafter = _load_drafter(args, target)
+    profile = profile_model(target, args.max_k, args.context, args.repeats, use_cache=not args.refresh)
+    context = list(range(100, 100 + args.context))
+    draft_seconds = drafter_step_seconds(drafter, context, repeats=args.repeats * 2)
+    result = dict(target=profile.model, dtype=profile.dtype, threads=profile.threads, draft=args.draft,
+                  target_step_seconds=profile.step_seconds, draft_step_seconds=draft_seconds,
+                  cost_ratio=draft_seconds / profile.step_seconds, verify_ratios=profile.verify_ratios)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"target step T(1) = {profile.step_seconds * 1e3:.2f} ms ({profile.model}, {profile.dtype}, "
+          f"{profile.threads} threads, {profile.context} cached positions)")
+    print(f"draft step ({args.draft}) = {draft_seconds * 1e3:.3f} ms  ->  cost ratio c = {result['cost_ratio']:.4f}")
+    print("verification curve T(k)/T(1): " + ", ".join(
+        f"{k}: {r:.2f}" for k, r in enumerate(profile.verify_ratios) if k))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    import platform
+    import sys as _sys
+    from pathlib import Path
+
+    import torch
+    from rich.progress import Progress
+
+    from .analysis.measure import profile_model
+    from .bench.prompts import load_prompts
+    from .bench.report import aggregate, markdown, plot_speedups, plot_timeline
+    from .bench.runner import Method, run_benchmark, run_record
+    from .sampling import SamplingParams
+
+    for t in args.temperatures:
+        SamplingParams(temperature=t)
+    if any(g < 1 for g in args.gamma):
+        raise ValueError(f"--gamma values must be >= 1, got {args.gamma}")
+    _positive("--max-new-tokens", args.max_new_tokens)
+    if len(args.draft) > 1:
+        raise ValueError("bench takes at most one --draft model")
+    prompts = load_prompts(args.prompts, args.categories, args.per_category)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    target = _load_target(args)
+    draft = _load_draft_model(args.draft[0], args, target) if args.draft else None
+    methods = [Method("baseline")] + [Method("lookup", g) for g in args.gamma]
+    if draft is not None:
+        methods += [Method("draft", g) for g in args.gamma]
+    if not args.no_hf:
+        methods += [Method("hf"), Method("hf-lookup", args.hf_lookup_tokens)]
+        if draft is not None:
+            methods.append(Method("hf-assisted"))
+    total = len(prompts) * len(args.temperatures) * len(methods)
+    with Progress(transient=False) as progress:
+        task = progress.add_task("profiling target", total=total)
+        profile = profile_model(target)
+        progress.update(task, description="benchmarking")
+        runs = run_benchmark(target, prompts, methods, args.temperatures, args.max_new_tokens, args.seed, draft,
+                             on_run=lambda run: progress.advance(task))
+    rows = aggregate(runs, profile)
+    meta = dict(command="specdecode " + " ".join(_sys.argv[1:]), machine=platform.platform(),
+                processor=platform.processor() or platform.machine(), threads=torch.get_num_threads(),
+                torch=torch.__version__, target=getattr(target, "name", None), dtype=args.dtype,
+                max_new_tokens=args.max_new_tokens, prompts=len(prompts),
+                target_step_seconds=profile.step_seconds, verify_ratios=profile.verify_ratios)
+    from dataclasses import asdict
+
+    (out / "results.json").write_text(json.dumps(
+        dict(meta=meta, rows=[asdict(r) for r in rows], runs=[run_record(r) for r in runs]), indent=1))
+    header = (f"Command: `{meta['command']}`\n\nMachine: {meta['machine']}, {meta['threads']} torch threads, "
+              f"torch {meta['torch']}; target {meta['target']} ({args.dtype}), T(1) = "
+              f"{profile.step_seconds * 1e3:.1f} ms, T(8)/T(1) = {profile.ratio(8):.2f}; {len(prompts)} prompts, "
+              f"max_new_tokens {args.max_new_tokens}\n\n")
+    (out / "results.md").write_text(header + markdown(rows))
+    plot_speedups(rows, out / "speedup.png")
+    plot_timeline(runs, out / "timeline.png")
+    print(header + markdown(rows))
+    print(f"written: {out}/results.md, results.json, speedup.png, timeline.png")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -126,7 +383,9 @@ def main(argv: list[str] | None = None) -> int:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        return {"generate": cmd_generate}[args.command](args)
+        commands = {"generate": cmd_generate, "analyze": cmd_analyze, "alpha": cmd_alpha, "profile": cmd_profile,
+                    "bench": cmd_bench}
+        return commands[args.command](args)
     except (ValueError, FileNotFoundError, OSError) as err:
         print(f"specdecode: error: {err}", file=sys.stderr)
         return 2

@@ -1,0 +1,1 @@
+"""Benchmark harness over prompt sets (Spec-Bench layout)."""

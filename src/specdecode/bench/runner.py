@@ -1,0 +1,130 @@
+"""Benchmark runs: every method on every prompt, interleaved, so machine noise hits them alike.
+
+Speedups are always against the autoregressive baseline measured in the same run, on the same
+prompts. Anchors a user would otherwise pick (transformers' own `generate()`: plain, with
+`prompt_lookup_num_tokens`, with `assistant_model`) run on the same loaded model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from ..drafters import ModelDrafter, PromptLookupDrafter
+from ..generate import Stats, encode_prompt, generate
+from ..sampling import SamplingParams
+from .prompts import Prompt
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str  # "baseline", "lookup", "draft", "hf", "hf-lookup", "hf-assisted"
+    gamma: int | None = None
+
+    @property
+    def label(self) -> str:
+        return self.name if self.gamma is None else f"{self.name} g={self.gamma}"
+
+
+@dataclass
+class Run:
+    prompt_id: str
+    category: str
+    task: str
+    method: str
+    gamma: int | None
+    temperature: float
+    prompt_tokens: int
+    new_tokens: int
+    wall_seconds: float
+    target_calls: int | None = None
+    proposed: int | None = None
+    accepted: int | None = None
+    beta_sum: float | None = None
+    beta_count: int | None = None
+    draft_seconds: float | None = None
+    target_seconds: float | None = None
+    identical: bool | None = None  # greedy only: same tokens as the baseline
+    tokens: list[int] = field(default_factory=list, repr=False)
+    timeline: list[tuple[float, float, int, int]] | None = field(default=None, repr=False)  # (draft s, target s, proposed, emitted)
+
+
+def hf_generate(target, ids: list[int], params: SamplingParams, max_new_tokens: int, seed: int,
+                assistant=None, prompt_lookup: int | None = None) -> list[int]:
+    """transformers' generate() on the same model, with the same sampling distribution."""
+    model = target.model
+    kwargs = dict(max_new_tokens=max_new_tokens, eos_token_id=sorted(target.eos_token_ids),
+                  pad_token_id=sorted(target.eos_token_ids)[0])
+    if params.is_greedy:
+        kwargs.update(do_sample=False)
+    else:  # transformers defaults to top_k=50: pass every setting explicitly
+        kwargs.update(do_sample=True, temperature=params.temperature, top_k=params.top_k or None, top_p=params.top_p)
+    if prompt_lookup:
+        kwargs.update(prompt_lookup_num_tokens=prompt_lookup)
+    if assistant is not None:
+        kwargs.update(assistant_model=assistant.model)
+    torch.manual_seed(seed)
+    input_ids = torch.tensor([ids], device=target.device)
+    with torch.inference_mode():
+        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
+    return out[0, len(ids):].tolist()
+
+
+def run_one(target, prompt: Prompt, ids: list[int], method: Method, params: SamplingParams, max_new_tokens: int,
+            seed: int, draft=None, keep_timeline: bool = False) -> Run:
+    base = dict(prompt_id=prompt.id, category=prompt.category, task=prompt.task, method=method.name,
+                gamma=method.gamma, temperature=params.temperature, prompt_tokens=len(ids))
+    if method.name.startswith("hf"):
+        start = time.perf_counter()
+        tokens = hf_generate(target, ids, params, max_new_tokens, seed,
+                             assistant=draft if method.name == "hf-assisted" else None,
+                             prompt_lookup=method.gamma if method.name == "hf-lookup" else None)
+        wall = time.perf_counter() - start
+        return Run(**base, new_tokens=len(tokens), wall_seconds=wall, tokens=tokens)
+    drafter = {"baseline": lambda: None, "lookup": PromptLookupDrafter, "draft": lambda: ModelDrafter(draft)}[method.name]()
+    stats = Stats()
+    timeline = []
+    for piece in generate(target, ids, drafter, gamma=method.gamma or 0, params=params,
+                          max_new_tokens=max_new_tokens, seed=seed, stats=stats):
+        if keep_timeline:
+            s = piece.step
+            timeline.append((s.draft_seconds, s.target_seconds, len(s.proposed), len(s.tokens)))
+    return Run(**base, new_tokens=stats.new_tokens, wall_seconds=stats.wall_seconds, target_calls=stats.target_calls,
+               proposed=stats.proposed, accepted=stats.accepted, beta_sum=stats.beta_sum,
+               beta_count=stats.beta_count, draft_seconds=stats.draft_seconds, target_seconds=stats.target_seconds,
+               tokens=stats.tokens, timeline=timeline if keep_timeline else None)
+
+
+def run_benchmark(target, prompts: Sequence[Prompt], methods: Sequence[Method], temperatures: Sequence[float],
+                  max_new_tokens: int, seed: int = 0, draft=None, chat: bool = True,
+                  on_run: Callable[[Run], None] | None = None) -> list[Run]:
+    """Every method on every prompt and temperature; the baseline first for each (prompt, temperature)."""
+    if Method("baseline") not in methods:
+        methods = [Method("baseline"), *methods]
+    runs = []
+    for prompt in prompts:
+        ids = encode_prompt(target.tokenizer, prompt.text, chat=chat)
+        for temperature in temperatures:
+            params = SamplingParams(temperature=temperature)
+            baseline_tokens = None
+            for method in methods:
+                run = run_one(target, prompt, ids, method, params, max_new_tokens, seed, draft,
+                              keep_timeline=(prompt is prompts[0] and temperature == temperatures[0]))
+                if method.name == "baseline":
+                    baseline_tokens = run.tokens
+                if params.is_greedy:
+                    run.identical = run.tokens == baseline_tokens
+                runs.append(run)
+                if on_run:
+                    on_run(run)
+    return runs
+
+
+def run_record(run: Run) -> dict:
+    record = asdict(run)
+    record.pop("tokens")
+    record.pop("timeline")
+    return record
