@@ -21,6 +21,8 @@ def run(*args, timeout=300):
         (["--top-p", "0"], "top_p"),
         (["--top-k", "-3"], "top_k"),
         (["--gamma", "-2"], "--gamma"),
+        (["--gamma", "many"], "expected an integer or 'auto'"),
+        (["--gamma", "auto", "--max-gamma", "0"], "--max-gamma"),
         (["--lenience", "0"], "--lenience"),
         (["--max-new-tokens", "0"], "--max-new-tokens"),
         (["--target", "/no/such/model.gguf"], "does not exist"),
@@ -60,6 +62,18 @@ def test_streamed_text_speculative_equals_baseline(tmp_path):
     assert spec.stdout == base.stdout and "committee" in spec.stdout
     assert "target calls" in spec.stderr and "acceptance" in spec.stderr and "tokens/s" in spec.stderr
     assert "acceptance n/a" in base.stderr
+
+
+@pytest.mark.slow
+def test_adaptive_gamma_output_equals_baseline():
+    prompt = ("Rewrite the following sentence in the past tense: 'The committee reviews the budget, approves the "
+              "new library, and announces the decision to the whole town on Friday.'")
+    common = ["generate", prompt, "--max-new-tokens", "40", "--dtype", "float32", "--json"]
+    auto, base = run(*common, "--gamma", "auto"), run(*common, "--baseline")
+    assert auto.returncode == 0 and base.returncode == 0, auto.stderr + base.stderr
+    auto, base = json.loads(auto.stdout), json.loads(base.stdout)
+    assert auto["tokens"] == base["tokens"]
+    assert auto["gamma"] == "auto" and auto["accepted"] > 0 and auto["target_calls"] < base["target_calls"]
 
 
 @pytest.mark.slow

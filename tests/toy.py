@@ -9,6 +9,7 @@ whole-sequence tests then catch trim and bonus-token bugs that per-step tests mi
 from __future__ import annotations
 
 import itertools
+import time
 
 import torch
 
@@ -33,12 +34,13 @@ class ToyModel:
     (a draft that resembles its target)."""
 
     def __init__(self, vocab_size: int = 3, seed: int = 0, scale: float = 1.5, base: "ToyModel | None" = None,
-                 eos_token_ids=(), name: str = "toy") -> None:
+                 eos_token_ids=(), name: str = "toy", delay: float = 0.0) -> None:
         self.vocab_size, self.seed, self.scale, self.base = vocab_size, seed, scale, base
         self.vocab = Vocabulary.from_tokens(name, {f"<{i}>": i for i in range(vocab_size)})
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_positions = None
         self.calls = 0
+        self.delay = delay  # seconds per forward call, to give a target a realistic cost over its draft
         self._memo: dict[tuple[int, ...], torch.Tensor] = {}
 
     def logits_for(self, prefix: tuple[int, ...]) -> torch.Tensor:  # [V]
@@ -55,6 +57,8 @@ class ToyModel:
 
     def forward(self, tokens: torch.Tensor, cache: ToyCache, num_logits: int | None = None) -> torch.Tensor:
         self.calls += 1
+        if self.delay:
+            time.sleep(self.delay)
         out = []
         for token in tokens[0].tolist():
             assert 0 <= token < self.vocab_size, token

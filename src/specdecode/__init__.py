@@ -1,5 +1,6 @@
 """specdecode: lossless speculative decoding (Leviathan, Kalman, Matias 2023; Chen et al. 2023)."""
 
+from .adaptive import AdaptiveGamma
 from .decode import Step, autoregressive_decode, speculative_decode
 from .drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter
 from .generate import Stats, TextStep, encode_prompt, generate
@@ -9,6 +10,6 @@ from .verify import Verdict, verify
 __version__ = "0.1.0"
 
 __all__ = [
-    "Draft", "Drafter", "ModelDrafter", "PromptLookupDrafter", "SamplingParams", "Stats", "Step",
+    "AdaptiveGamma", "Draft", "Drafter", "ModelDrafter", "PromptLookupDrafter", "SamplingParams", "Stats", "Step",
     "TextStep", "Verdict", "autoregressive_decode", "encode_prompt", "generate", "speculative_decode", "verify",
 ]

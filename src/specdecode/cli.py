@@ -10,6 +10,25 @@ import sys
 LOOKUP = "lookup"
 
 
+def _gamma_arg(value: str):
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {value!r}") from None
+
+
+def _gamma_policy(gamma, max_gamma: int, target):
+    """A fixed gamma as it is; 'auto' becomes an AdaptiveGamma fed by the target's (cached) profile."""
+    if gamma != "auto":
+        return gamma
+    from .adaptive import AdaptiveGamma
+    from .analysis.measure import profile_model
+
+    return AdaptiveGamma(profile_model(target).verify_ratios, max_gamma=max_gamma)
+
+
 def _model_options(with_draft: bool = True) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--target", help="target model: a .gguf file or a transformers directory "
@@ -41,7 +60,10 @@ def _parser() -> argparse.ArgumentParser:
 
     gen = commands.add_parser("generate", parents=[_model_options()], help="generate text, speculatively by default")
     gen.add_argument("prompt", help="the user message (the target's chat template is applied unless --raw)")
-    gen.add_argument("--gamma", type=int, default=4, help="draft tokens per target call (default 4)")
+    gen.add_argument("--gamma", type=_gamma_arg, default=4,
+                     help="draft tokens per target call (default 4), or 'auto': chosen per call from the measured "
+                          "verification cost and the running acceptance rate")
+    gen.add_argument("--max-gamma", type=int, default=8, help="upper bound for --gamma auto (default 8)")
     _sampling_options(gen)
     gen.add_argument("--lenience", type=float, default=1.0,
                      help="lenient acceptance in (0, 1]; 1 = exact (the target's distribution)")
@@ -84,7 +106,9 @@ def _parser() -> argparse.ArgumentParser:
                                 help="benchmark drafters against the autoregressive baseline over a prompt set")
     _prompt_options(bench, required=True)
     bench.add_argument("--draft", action="append", default=[], help="a draft model path to include (repeatable)")
-    bench.add_argument("--gamma", type=int, nargs="+", default=[2, 4, 8])
+    bench.add_argument("--gamma", type=_gamma_arg, nargs="+", default=[2, 4, 8, "auto"],
+                       help="fixed gammas and/or 'auto' (default: 2 4 8 auto)")
+    bench.add_argument("--max-gamma", type=int, default=8, help="upper bound for 'auto' (default 8)")
     bench.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--seed", type=int, default=0)
@@ -141,8 +165,9 @@ def cmd_generate(args) -> int:
 
     # Validate everything cheap before loading any model.
     params = _params(args)
-    if args.gamma < 0:
+    if args.gamma != "auto" and args.gamma < 0:
         raise ValueError(f"--gamma must be >= 0, got {args.gamma}")
+    _positive("--max-gamma", args.max_gamma)
     if not (0.0 < args.lenience <= 1.0):
         raise ValueError(f"--lenience must be in (0, 1], got {args.lenience}")
     _positive("--max-new-tokens", args.max_new_tokens)
@@ -152,9 +177,10 @@ def cmd_generate(args) -> int:
     target = _load_target(args)
     drafter = _load_drafter(args, target)
     prompt_ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.raw)
+    gamma = _gamma_policy(args.gamma, args.max_gamma, target) if drafter is not None else 0
     stats = Stats()
     stream = generate(
-        target, prompt_ids, drafter, gamma=args.gamma, params=params, max_new_tokens=args.max_new_tokens,
+        target, prompt_ids, drafter, gamma=gamma, params=params, max_new_tokens=args.max_new_tokens,
         lenience=args.lenience, seed=args.seed, stop=args.stop, stats=stats,
     )
     out = Console(no_color=args.no_color, highlight=False, soft_wrap=True)
@@ -329,8 +355,9 @@ def cmd_bench(args) -> int:
 
     for t in args.temperatures:
         SamplingParams(temperature=t)
-    if any(g < 1 for g in args.gamma):
-        raise ValueError(f"--gamma values must be >= 1, got {args.gamma}")
+    if any(g != "auto" and g < 1 for g in args.gamma):
+        raise ValueError(f"--gamma values must be >= 1 or 'auto', got {args.gamma}")
+    _positive("--max-gamma", args.max_gamma)
     _positive("--max-new-tokens", args.max_new_tokens)
     if len(args.draft) > 1:
         raise ValueError("bench takes at most one --draft model")
@@ -352,7 +379,8 @@ def cmd_bench(args) -> int:
         profile = profile_model(target)
         progress.update(task, description="benchmarking")
         runs = run_benchmark(target, prompts, methods, args.temperatures, args.max_new_tokens, args.seed, draft,
-                             on_run=lambda run: progress.advance(task))
+                             on_run=lambda run: progress.advance(task),
+                             gamma_policy=lambda g: _gamma_policy(g, args.max_gamma, target))
     rows = aggregate(runs, profile)
     meta = dict(command="specdecode " + " ".join(_sys.argv[1:]), machine=platform.platform(),
                 processor=platform.processor() or platform.machine(), threads=torch.get_num_threads(),

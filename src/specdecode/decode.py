@@ -16,6 +16,7 @@ from typing import Iterator, Sequence
 
 import torch
 
+from .adaptive import AdaptiveGamma
 from .drafters.base import Draft, Drafter
 from .models.base import Model, check_same_vocab
 from .sampling import SamplingParams, sample
@@ -31,6 +32,7 @@ class Step:
     proposed: list[int] = field(default_factory=list)  # the draft's whole proposal
     # beta_i = sum_x min(p_i, q_i) at each draft position whose prefix the target kept (positions
     # 0..num_accepted, at most gamma): the exact acceptance probability there, for estimating alpha.
+    # With adaptive gamma switched off, the one shadow proposal's beta.
     betas: list[float] = field(default_factory=list)
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
@@ -44,6 +46,9 @@ class Step:
     def rejected(self) -> list[int]:
         """Proposed tokens the target did not keep (empty when all were accepted)."""
         return self.proposed[self.num_accepted :] if self.num_accepted < len(self.tokens) else []
+
+
+_NO_DRAFT = Draft(torch.empty(1, 0, dtype=torch.long))
 
 
 def make_generator(seed: int | None, generator: torch.Generator | None = None) -> torch.Generator:
@@ -84,7 +89,7 @@ def speculative_decode(
     drafter: Drafter,
     prompt: Sequence[int],
     *,
-    gamma: int = 4,
+    gamma: int | AdaptiveGamma = 4,
     params: SamplingParams = SamplingParams(),
     max_new_tokens: int = 128,
     lenience: float = 1.0,
@@ -94,10 +99,12 @@ def speculative_decode(
 ) -> Iterator[Step]:
     """Speculative decoding: each iteration drafts up to gamma tokens and verifies them in one
     target call, yielding 1..gamma+1 tokens distributed exactly as the target's own samples
-    (for lenience = 1)."""
+    (for lenience = 1). `gamma` is a fixed draft length or an `AdaptiveGamma` policy that picks
+    one per iteration."""
     _check_request(target, prompt, max_new_tokens)
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0:
-        raise ValueError(f"gamma must be an integer >= 0, got {gamma!r}")
+    policy = gamma if isinstance(gamma, AdaptiveGamma) else None
+    if policy is None and (isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0):
+        raise ValueError(f"gamma must be an integer >= 0 or an AdaptiveGamma, got {gamma!r}")
     if not (0.0 < lenience <= 1.0):
         raise ValueError(f"lenience must be in (0, 1] (1 = exact), got {lenience!r}")
     if drafter.vocab is not None:
@@ -112,13 +119,18 @@ def speculative_decode(
     emitted = 0
     while True:
         # 1. Draft. Never past the length limit or the context window: those tokens would be thrown away.
-        g = min(gamma, max_new_tokens - emitted - 1)
+        room = max_new_tokens - emitted - 1
         if limit:
-            g = min(g, limit - len(context) - 1)
+            room = min(room, limit - len(context) - 1)
+        g = policy.choose(room) if policy else min(gamma, room)
+        # With speculation switched off, a cheap drafter still proposes one token ("shadow"), scored
+        # but not verified, so the policy sees when drafting would pay again.
+        shadow = policy is not None and g == 0 and room > 0 and policy.shadow()
         t0 = time.perf_counter()
-        draft = drafter.propose(context, g) if g > 0 else Draft(torch.empty(1, 0, dtype=torch.long))
-        g = draft.gamma
+        draft = drafter.propose(context, g or int(shadow)) if g or shadow else _NO_DRAFT
         t1 = time.perf_counter()
+        shadow_draft, draft = (draft, _NO_DRAFT) if shadow else (None, draft)
+        g = draft.gamma
 
         # 2. Score the draft in ONE target call, fed after the context tokens the cache has not seen:
         #    the whole prompt on the first call (the prefill), the newest token after that.
@@ -136,13 +148,19 @@ def speculative_decode(
         verdict = verify(draft.tokens, draft_probs, target_probs, gen, lenience)
         n = int(verdict.num_accepted[0])
         new = verdict.emitted(0)
-        betas = _betas(draft, draft_probs, target_probs, n)
+        if shadow_draft is None:
+            betas = _betas(draft, draft_probs, target_probs, n)
+        else:
+            betas = _betas(shadow_draft, _match_vocab(shadow_draft.probs, target_probs.shape[-1]), target_probs, 0)
 
         # 4. Roll back: the target cache now holds context + g drafts; keep context + n accepted.
         #    The extra token is the newest context token: it is fed with the next draft. When all g
         #    were accepted nothing is trimmed, and the drafter catches up on its last token itself.
         cache.trim(g - n)
         drafter.accept(n)
+        if policy and unseen.shape[1] == 1:  # the prefill call says nothing about step costs
+            drafted = g or (shadow_draft.gamma if shadow_draft is not None else 0)
+            policy.observe(betas, g + 1, t2 - t1, t1 - t0, drafted)
 
         # 5. Stop on EOS, the length limit, or a full context window.
         room = (limit - len(context)) if limit else None

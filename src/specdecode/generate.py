@@ -9,6 +9,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, Sequence
 
+from .adaptive import AdaptiveGamma
 from .decode import Step, autoregressive_decode, speculative_decode
 from .drafters.base import Drafter
 from .sampling import SamplingParams
@@ -103,7 +104,7 @@ def generate(
     prompt_ids: Sequence[int],
     drafter: Drafter | None = None,
     *,
-    gamma: int = 4,
+    gamma: int | AdaptiveGamma = 4,
     params: SamplingParams = SamplingParams(),
     max_new_tokens: int = 128,
     lenience: float = 1.0,

@@ -53,7 +53,7 @@ def aggregate(runs: Sequence[Run], profile: Profile | None = None) -> list[Row]:
             cost = sum(r.draft_seconds or 0 for r in rs) / proposed / profile.step_seconds
         gamma = rs[0].gamma
         predicted = predicted_hw = None
-        if alpha is not None and gamma and cost is not None:
+        if alpha is not None and isinstance(gamma, int) and gamma and cost is not None:
             predicted = speedup(alpha, gamma, cost)
             predicted_hw = hardware_speedup(alpha, gamma, cost, profile.verify_ratios)
         greedy = [r for r in rs if r.identical is not None]

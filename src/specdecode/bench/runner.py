@@ -22,7 +22,7 @@ from .prompts import Prompt
 @dataclass(frozen=True)
 class Method:
     name: str  # "baseline", "lookup", "draft", "hf", "hf-lookup", "hf-assisted"
-    gamma: int | None = None
+    gamma: int | str | None = None  # a fixed draft length, "auto" (adaptive), or None
 
     @property
     def label(self) -> str:
@@ -35,7 +35,7 @@ class Run:
     category: str
     task: str
     method: str
-    gamma: int | None
+    gamma: int | str | None
     temperature: float
     prompt_tokens: int
     new_tokens: int
@@ -74,7 +74,9 @@ def hf_generate(target, ids: list[int], params: SamplingParams, max_new_tokens: 
 
 
 def run_one(target, prompt: Prompt, ids: list[int], method: Method, params: SamplingParams, max_new_tokens: int,
-            seed: int, draft=None, keep_timeline: bool = False) -> Run:
+            seed: int, draft=None, keep_timeline: bool = False, gamma_policy=None) -> Run:
+    """One generation. `gamma_policy` turns a method's gamma into what the decode loop takes (for
+    "auto": a fresh AdaptiveGamma)."""
     base = dict(prompt_id=prompt.id, category=prompt.category, task=prompt.task, method=method.name,
                 gamma=method.gamma, temperature=params.temperature, prompt_tokens=len(ids))
     if method.name.startswith("hf"):
@@ -87,7 +89,8 @@ def run_one(target, prompt: Prompt, ids: list[int], method: Method, params: Samp
     drafter = {"baseline": lambda: None, "lookup": PromptLookupDrafter, "draft": lambda: ModelDrafter(draft)}[method.name]()
     stats = Stats()
     timeline = []
-    for piece in generate(target, ids, drafter, gamma=method.gamma or 0, params=params,
+    gamma = gamma_policy(method.gamma) if gamma_policy and method.gamma is not None else (method.gamma or 0)
+    for piece in generate(target, ids, drafter, gamma=gamma, params=params,
                           max_new_tokens=max_new_tokens, seed=seed, stats=stats):
         if keep_timeline:
             s = piece.step
@@ -100,7 +103,7 @@ def run_one(target, prompt: Prompt, ids: list[int], method: Method, params: Samp
 
 def run_benchmark(target, prompts: Sequence[Prompt], methods: Sequence[Method], temperatures: Sequence[float],
                   max_new_tokens: int, seed: int = 0, draft=None, chat: bool = True,
-                  on_run: Callable[[Run], None] | None = None) -> list[Run]:
+                  on_run: Callable[[Run], None] | None = None, gamma_policy=None) -> list[Run]:
     """Every method on every prompt and temperature; the baseline first for each (prompt, temperature)."""
     if Method("baseline") not in methods:
         methods = [Method("baseline"), *methods]
@@ -112,7 +115,8 @@ def run_benchmark(target, prompts: Sequence[Prompt], methods: Sequence[Method], 
             baseline_tokens = None
             for method in methods:
                 run = run_one(target, prompt, ids, method, params, max_new_tokens, seed, draft,
-                              keep_timeline=(prompt is prompts[0] and temperature == temperatures[0]))
+                              keep_timeline=(prompt is prompts[0] and temperature == temperatures[0]),
+                              gamma_policy=gamma_policy)
                 if method.name == "baseline":
                     baseline_tokens = run.tokens
                 if params.is_greedy:

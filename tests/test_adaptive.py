@@ -1,0 +1,91 @@
+"""Adaptive gamma: the cost model's choices, and that adapting keeps decoding lossless."""
+
+import pytest
+import torch
+
+from specdecode import ModelDrafter, PromptLookupDrafter, SamplingParams, autoregressive_decode, speculative_decode
+from specdecode.adaptive import AdaptiveGamma
+from specdecode.analysis.formulas import optimal_gamma
+from stats import chi2_pvalue
+from toy import ToyModel, sequence_distribution
+
+FREE = [0.0] + [1.0] * 17  # verification as free as the paper assumes
+LINEAR = [0.0] + [float(k) for k in range(1, 18)]  # verifying k tokens costs k steps: never worth it
+
+
+def test_choice_matches_the_hardware_aware_optimum():
+    curve = [0.0, 1.0, 1.7, 2.4, 3.0, 3.5, 4.0, 4.4, 4.9]
+    for alpha in (0.2, 0.5, 0.8, 0.95):
+        policy = AdaptiveGamma(curve, max_gamma=7, prior_alpha=alpha, prior_cost=0.02)
+        assert policy.choose(100) == optimal_gamma(alpha, 0.02, 7, verify_cost=curve)[0]
+    assert AdaptiveGamma(FREE, max_gamma=8, prior_alpha=0.9).choose(3) == 3  # capped by the room left
+
+
+def test_estimates_follow_what_is_observed():
+    policy = AdaptiveGamma(FREE, prior_alpha=0.5)
+    for _ in range(50):
+        policy.observe([0.0, 0.0], verified=3, target_seconds=0.02, draft_seconds=0.002, drafted=2)
+    assert policy.alpha < 0.01 and policy.step_seconds == pytest.approx(0.02)
+    assert policy.cost_ratio == pytest.approx(0.05, rel=0.01)
+    assert policy.choose(10) == 0 and policy.shadow()  # cheap drafter: scored every iteration
+    policy.cost_ratio = 0.5  # a costly drafter is scored only every probe_every iterations
+    assert [policy.shadow() for _ in range(32)].count(True) == 2
+
+
+def test_speculation_switches_off_when_it_cannot_win_and_back_on_when_it_can():
+    target = ToyModel(6, seed=31, delay=0.004)  # a target step costs far more than a draft step
+    draft = ToyModel(6, seed=32, scale=0.3, base=target)  # a good draft
+    greedy = SamplingParams(temperature=0)
+    off = list(speculative_decode(target, ModelDrafter(draft), [0], gamma=AdaptiveGamma(LINEAR, prior_alpha=0.9),
+                                  params=greedy, max_new_tokens=40))
+    assert all(step.proposed == [] for step in off)
+    assert sum(len(step.betas) for step in off) >= 30  # shadow proposals were still scored
+    on = list(speculative_decode(target, ModelDrafter(draft), [0], gamma=AdaptiveGamma(FREE, prior_alpha=0.0),
+                                 params=greedy, max_new_tokens=40))
+    assert on[0].proposed == [] and any(len(step.proposed) > 2 for step in on)  # starts off, learns, drafts
+
+
+@pytest.mark.parametrize("drafter", ["model", "lookup"])
+def test_adaptive_greedy_equals_plain_greedy(drafter):
+    target = ToyModel(6, seed=11)
+    draft = ToyModel(6, seed=12, scale=0.7, base=target)
+    greedy = SamplingParams(temperature=0)
+    prompt = [1, 2, 3, 1, 2]
+    expected = [t for s in autoregressive_decode(target, prompt, params=greedy, max_new_tokens=50) for t in s.tokens]
+    d = ModelDrafter(draft) if drafter == "model" else PromptLookupDrafter()
+    curve = [0.0, 1.0, 1.3, 1.6, 1.9, 2.2, 2.5, 2.8, 3.1]
+    steps = speculative_decode(target, d, prompt, gamma=AdaptiveGamma(curve), params=greedy, max_new_tokens=50)
+    assert [t for s in steps for t in s.tokens] == expected
+
+
+def test_adaptive_gamma_is_lossless_over_whole_sequences():
+    """gamma changes from iteration to iteration (0 included): the output distribution must not."""
+    target = ToyModel(3, seed=1)
+    draft = ToyModel(3, seed=2, scale=1.0, base=target)
+    params = SamplingParams(temperature=1.0)
+    curve = [0.0, 1.0, 1.6, 1.65, 1.7, 1.75]  # makes the choice swing between 0 and several tokens
+    gen = torch.Generator().manual_seed(0)
+    outcomes, gammas = [], set()
+    drafter = ModelDrafter(draft)
+    class FreeDraft(AdaptiveGamma):  # toy draft steps cost as much as toy target steps: pretend they don't
+        def observe(self, *args, **kwargs):
+            super().observe(*args, **kwargs)
+            self.cost_ratio = 0.0
+
+    for _ in range(8000):
+        policy = FreeDraft(curve, max_gamma=5, prior_alpha=0.5, decay=0.5)
+        seq = []
+        for step in speculative_decode(target, drafter, [0], gamma=policy, params=params, max_new_tokens=6,
+                                       generator=gen):
+            seq += step.tokens
+            gammas.add(len(step.proposed))
+        outcomes.append(tuple(seq))
+    assert {0, 1} <= gammas and max(gammas) >= 2
+    assert chi2_pvalue(outcomes, sequence_distribution(target, [0], params, 6)) > 1e-3
+
+
+def test_invalid_policy_settings_are_refused():
+    with pytest.raises(ValueError, match="max_gamma"):
+        AdaptiveGamma(FREE, max_gamma=0)
+    with pytest.raises(ValueError, match="decay"):
+        AdaptiveGamma(FREE, decay=1.0)
