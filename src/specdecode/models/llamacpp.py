@@ -1,0 +1,110 @@
+"""llama.cpp backend (llama-cpp-python): any GGUF file, quantised, on CPU threads.
+
+One forward is one `llama_decode` over the new tokens, with logits requested only at the
+positions the caller needs (the draft's g+1, not the whole prefill). Rolling back is the
+memory/sequence-remove call: positions past the kept length are dropped from the KV cache.
+A llama.cpp context holds one KV cache, so each model has one live cache: `new_cache()` clears
+it, and a cache handle from before refuses further use.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .base import Vocabulary
+
+INSTALL_HINT = "pip install llama-cpp-python (it compiles llama.cpp from source, a few minutes)"
+
+
+class LlamaCppCache:
+    def __init__(self, model: "LlamaCppModel", generation: int) -> None:
+        self.model = model
+        self.generation = generation
+        self.length = 0
+
+    def check(self) -> None:
+        if self.generation != self.model.generation:
+            raise RuntimeError("this llama.cpp cache was replaced by a newer new_cache() on the same model")
+
+    def __len__(self) -> int:
+        return self.length
+
+    def trim(self, n: int) -> None:
+        self.check()
+        if n < 0 or n > self.length:
+            raise ValueError(f"cannot trim {n} positions from a cache holding {self.length}")
+        if n:
+            self.length -= n
+            self.model.ctx.kv_cache_seq_rm(0, self.length, -1)  # drop positions [length, end)
+
+
+class LlamaCppModel:
+    """A GGUF model run by llama.cpp behind the model protocol."""
+
+    def __init__(self, path: str | os.PathLike, n_threads: int | None = None, n_ctx: int = 4096,
+                 n_batch: int = 512, tokenizer=None) -> None:
+        try:
+            from llama_cpp import Llama
+        except ImportError:
+            raise ImportError(f"the llama.cpp backend needs llama-cpp-python: {INSTALL_HINT}") from None
+        path = Path(path).expanduser()
+        if not path.is_file() or path.suffix != ".gguf":
+            raise FileNotFoundError(f"the llama.cpp backend needs a .gguf file; {str(path)!r} is not one")
+        self.n_threads = n_threads or torch.get_num_threads()
+        self.llm = Llama(str(path), n_ctx=n_ctx, n_batch=n_batch, n_threads=self.n_threads,
+                         n_threads_batch=self.n_threads, logits_all=False, verbose=False)
+        self.ctx = self.llm._ctx
+        self.name = path.name
+        self.path = str(path)
+        self.dtype = "gguf"
+        self.n_vocab = self.llm.n_vocab()
+        self.n_batch = n_batch
+        if tokenizer is None:
+            from .hf import gguf_tokenizer
+
+            tokenizer = gguf_tokenizer(path)
+        self.tokenizer = tokenizer
+        self.vocab = Vocabulary.from_tokens(self.name, tokenizer.get_vocab())
+        eos = {self.llm.token_eos()}
+        if tokenizer.eos_token_id is not None:
+            eos.add(tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(t for t in eos if t >= 0)
+        self.max_positions = n_ctx
+        self.generation = 0
+        self.device = "cpu"
+
+    def new_cache(self) -> LlamaCppCache:
+        self.generation += 1
+        self.ctx.kv_cache_seq_rm(0, 0, -1)
+        return LlamaCppCache(self, self.generation)
+
+    def forward(self, tokens: torch.Tensor, cache: LlamaCppCache, num_logits: int | None = None) -> torch.Tensor:
+        """tokens [1, T] -> logits [1, num_logits or T, V] float32; appends T positions."""
+        cache.check()
+        if tokens.shape[0] != 1:
+            raise ValueError(f"the llama.cpp backend runs batch size 1, got {tokens.shape[0]}")
+        ids = tokens[0].tolist()
+        k = len(ids) if not num_logits else min(num_logits, len(ids))
+        batch = self.llm._batch
+        rows = []
+        for start in range(0, len(ids), self.n_batch):
+            chunk = ids[start : start + self.n_batch]
+            batch.set_batch(batch=chunk, n_past=cache.length, logits_all=False)
+            wanted = 0
+            for j in range(len(chunk)):  # logits only where the caller needs them
+                need = start + j >= len(ids) - k
+                batch.batch.logits[j] = need
+                wanted += need
+            self.ctx.decode(batch)
+            cache.length += len(chunk)
+            if wanted:
+                out = np.ctypeslib.as_array(self.ctx.get_logits(), shape=(wanted * self.n_vocab,))
+                rows.append(out.reshape(wanted, self.n_vocab).copy())
+        return torch.from_numpy(np.concatenate(rows)).unsqueeze(0)  # [1, k, V]
+
+    def __repr__(self) -> str:
+        return f"LlamaCppModel({self.name}, {self.n_threads} threads)"

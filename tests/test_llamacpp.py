@@ -1,0 +1,104 @@
+"""The llama.cpp backend on the embedded GGUF (skipped where llama-cpp-python is not installed)."""
+
+import pytest
+import torch
+
+pytest.importorskip("llama_cpp")
+
+from specdecode import (AdaptiveGamma, ModelDrafter, PromptLookupDrafter, SamplingParams,  # noqa: E402
+                        autoregressive_decode, encode_prompt, speculative_decode)
+from specdecode.analysis.measure import profile_model  # noqa: E402
+from specdecode.models.load import load_model  # noqa: E402
+from specdecode.sampling import sample  # noqa: E402
+from stats import chi2_pvalue  # noqa: E402
+
+pytestmark = pytest.mark.slow
+GREEDY = SamplingParams(temperature=0)
+PROMPT = ("Rewrite the following sentence in the past tense: 'The committee reviews the budget, approves the new "
+          "library, and announces the decision to the whole town on Friday.'")
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_model(None, backend="llama.cpp", threads=2)
+
+
+def tokens_of(steps):
+    return [t for step in steps for t in step.tokens]
+
+
+def test_same_vocabulary_as_the_transformers_tokenizer(target):
+    from specdecode.models.hf import gguf_tokenizer
+    from specdecode.models.default import default_target_path
+    from specdecode.models.base import Vocabulary
+
+    hf_vocab = Vocabulary.from_tokens("x", gguf_tokenizer(default_target_path()).get_vocab())
+    assert target.vocab.fingerprint == hf_vocab.fingerprint and target.vocab.size == 49152
+
+
+def test_rollback_is_exact_and_logits_come_only_where_asked(target):
+    ids = torch.tensor([encode_prompt(target.tokenizer, "Hello there")])
+    cache = target.new_cache()
+    assert target.forward(ids, cache, num_logits=1).shape == (1, 1, 49152)
+    first = target.forward(torch.tensor([[1000, 2000, 3000]]), cache)
+    cache.trim(3)
+    again = target.forward(torch.tensor([[1000, 2000, 3000]]), cache)
+    assert torch.equal(first, again) and len(cache) == ids.shape[1] + 3
+    stale = cache
+    target.new_cache()
+    with pytest.raises(RuntimeError, match="replaced"):
+        target.forward(torch.tensor([[5]]), stale)
+
+
+@pytest.mark.parametrize("gamma", [2, 4])
+def test_greedy_with_prompt_lookup_equals_plain_greedy(target, gamma):
+    ids = encode_prompt(target.tokenizer, PROMPT)
+    expected = tokens_of(autoregressive_decode(target, ids, params=GREEDY, max_new_tokens=40))
+    steps = list(speculative_decode(target, PromptLookupDrafter(), ids, gamma=gamma, params=GREEDY,
+                                    max_new_tokens=40))
+    assert tokens_of(steps) == expected and "committee" in target.tokenizer.decode(expected)
+    assert sum(s.num_accepted for s in steps) > 3  # copying from the prompt was accepted
+
+
+def test_greedy_with_adaptive_gamma_equals_plain_greedy(target):
+    ids = encode_prompt(target.tokenizer, PROMPT)
+    expected = tokens_of(autoregressive_decode(target, ids, params=GREEDY, max_new_tokens=40))
+    policy = AdaptiveGamma(profile_model(target, max_k=8, context=64, repeats=3).verify_ratios)
+    assert tokens_of(speculative_decode(target, PromptLookupDrafter(), ids, gamma=policy, params=GREEDY,
+                                        max_new_tokens=40)) == expected
+
+
+def test_llamacpp_draft_for_a_transformers_target_is_accepted():
+    """Either backend can draft for the other when the vocabularies match."""
+    hf_target = load_model(None, backend="hf", dtype="float32")
+    draft = load_model(None, backend="llama.cpp", threads=2)
+    ids = encode_prompt(hf_target.tokenizer, "Name three primary colours.")
+    expected = tokens_of(autoregressive_decode(hf_target, ids, params=GREEDY, max_new_tokens=20))
+    steps = list(speculative_decode(hf_target, ModelDrafter(draft), ids, gamma=3, params=GREEDY, max_new_tokens=20))
+    assert tokens_of(steps) == expected
+    assert sum(s.num_accepted for s in steps) / sum(len(s.proposed) for s in steps) > 0.5  # same model, quantised
+
+
+def test_per_step_frequencies_match_the_target_on_the_real_model(target):
+    """One verification step at temperature 1 with the real target's distributions: the emitted
+    token follows p (the per-step losslessness test, on this backend's logits)."""
+    ids = encode_prompt(target.tokenizer, "Write one word:")
+    cache = target.new_cache()
+    proposal = [13, 14, 15]
+    logits = target.forward(torch.tensor([ids + proposal]), cache, num_logits=4)  # [1, 4, V]
+    params = SamplingParams(temperature=1.0, top_k=8)
+    target_probs = params.probs(logits)  # [1, 4, V]
+    draft_probs = SamplingParams(temperature=1.5, top_k=8).probs(logits[:, :3])  # a flatter q over the same tokens
+    from specdecode.verify import verify
+
+    # Keep only the token ids either distribution gives mass to, so n copies fit in memory.
+    support = ((target_probs.sum((0, 1)) > 0) | (draft_probs.sum((0, 1)) > 0)).nonzero().squeeze(1)
+    target_probs, draft_probs = target_probs[..., support], draft_probs[..., support]  # [1, 4, K], [1, 3, K]
+
+    n = 40_000
+    gen = torch.Generator().manual_seed(0)
+    draft_tokens = sample(draft_probs.expand(n, -1, -1), gen)  # [n, 3]
+    verdict = verify(draft_tokens, draft_probs.expand(n, -1, -1), target_probs.expand(n, -1, -1), gen)
+    first = verdict.tokens[:, 0].tolist()
+    expected = {i: p for i, p in enumerate(target_probs[0, 0].tolist()) if p > 0}
+    assert chi2_pvalue(first, expected) > 1e-3
