@@ -93,3 +93,19 @@ def test_draft_with_another_vocabulary_is_refused_naming_both(tmp_path):
     assert "target vocabulary SmolLM2-135M-Instruct" in result.stderr
     assert "draft vocabulary other-vocab-draft (100 tokens" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_ngram_fit_then_generate_with_it(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The capital of France is Paris.\nParis is the capital and largest city of France.\n" * 3)
+    out = tmp_path / "bigram.npz"
+    result = run("ngram", "fit", "--corpus", str(corpus), "--order", "2", "--out", str(out))
+    assert result.returncode == 0 and out.exists(), result.stderr
+    assert "fitted a 2-gram" in result.stdout
+    common = ["generate", QUESTION, "--max-new-tokens", "16", "--dtype", "float32", "--json"]
+    spec = json.loads(run(*common, "--draft", f"ngram:{out}", "--gamma", "3").stdout)
+    base = json.loads(run(*common, "--baseline").stdout)
+    assert spec["tokens"] == base["tokens"] and spec["accepted"] > 0
+    missing = run(*common, "--draft", f"ngram:{tmp_path / 'none.npz'}")
+    assert missing.returncode == 2 and "does not exist" in missing.stderr

@@ -8,6 +8,7 @@ import os
 import sys
 
 LOOKUP = "lookup"
+NGRAM = "ngram:"
 
 
 def _gamma_arg(value: str):
@@ -35,7 +36,7 @@ def _model_options(with_draft: bool = True) -> argparse.ArgumentParser:
                         "(default: the embedded SmolLM2-135M-Instruct)")
     if with_draft:
         common.add_argument("--draft", default=LOOKUP,
-                            help="draft model path, or 'lookup' for prompt lookup (default)")
+                            help="draft model path, 'lookup' for prompt lookup (default), or ngram:FILE.npz")
     common.add_argument("--backend", default="hf", choices=["hf", "llama.cpp"],
                         help="hf: transformers (default); llama.cpp: llama-cpp-python on a .gguf file")
     if with_draft:
@@ -123,6 +124,13 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--anchor-lookup-tokens", type=int, default=10,
                        help="tokens the anchors' own prompt lookup proposes (default 10)")
     bench.add_argument("--out", default="benchmarks/results/latest", help="output directory")
+    ngram = commands.add_parser("ngram", help="n-gram drafters")
+    ngram_commands = ngram.add_subparsers(dest="ngram_command", required=True)
+    fit = ngram_commands.add_parser("fit", parents=[_model_options(with_draft=False)],
+                                    help="count k-grams of a corpus tokenized with the target's tokenizer")
+    fit.add_argument("--corpus", required=True, help="text file (one document a line) or jsonl ('text', 'prompt', 'turns')")
+    fit.add_argument("--order", type=int, default=2, help="1 = unigram, 2 = bigram (default), k = k-gram")
+    fit.add_argument("--out", required=True, help="output .npz file")
     return parser
 
 
@@ -149,6 +157,10 @@ def _load_drafter(args, target):
         return None
     if args.draft == LOOKUP:
         return PromptLookupDrafter()
+    if args.draft.startswith(NGRAM):
+        from .drafters.ngram import NgramDrafter
+
+        return NgramDrafter.load(args.draft[len(NGRAM):])
     return ModelDrafter(_load_draft_model(args.draft, args, target))
 
 
@@ -412,6 +424,23 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_ngram(args) -> int:
+    from .bench.prompts import load_prompts
+    from .drafters.ngram import NgramDrafter
+    from .models.load import load_model
+
+    _positive("--order", args.order)
+    documents = load_prompts(args.corpus)
+    target = load_model(args.target, args.backend, args.dtype, args.device, args.threads)
+    sequences = [target.tokenizer.encode(d.text, add_special_tokens=False) for d in documents]
+    drafter = NgramDrafter(target.vocab, order=args.order).fit(sequences)
+    path = drafter.save(args.out)
+    contexts = sum(len(table) for table in drafter.counts)
+    print(f"fitted a {args.order}-gram on {sum(map(len, sequences))} tokens from {len(sequences)} documents "
+          f"({contexts} contexts); written to {path} ({path.stat().st_size / 1e6:.2f} MB)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -421,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
 
         hf_logging.disable_progress_bar()
         commands = {"generate": cmd_generate, "analyze": cmd_analyze, "alpha": cmd_alpha, "profile": cmd_profile,
-                    "bench": cmd_bench}
+                    "bench": cmd_bench, "ngram": cmd_ngram}
         return commands[args.command](args)
     except (ValueError, FileNotFoundError, OSError, ImportError) as err:
         print(f"specdecode: error: {err}", file=sys.stderr)
