@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from realmodel import COPY_PROMPT
+
 QUESTION = "What is the capital of France?"
 
 
@@ -54,8 +56,7 @@ def test_generate_json_on_the_default_model():
 
 @pytest.mark.slow
 def test_streamed_text_speculative_equals_baseline(tmp_path):
-    prompt = ("Rewrite the following sentence in the past tense: 'The committee reviews the budget, approves the "
-              "new library, and announces the decision to the whole town on Friday.'")
+    prompt = COPY_PROMPT
     common = ["generate", prompt, "--max-new-tokens", "40", "--dtype", "float32", "--no-color"]
     spec, base = run(*common), run(*common, "--baseline")
     assert spec.returncode == 0 and base.returncode == 0, spec.stderr + base.stderr
@@ -66,8 +67,7 @@ def test_streamed_text_speculative_equals_baseline(tmp_path):
 
 @pytest.mark.slow
 def test_adaptive_gamma_output_equals_baseline():
-    prompt = ("Rewrite the following sentence in the past tense: 'The committee reviews the budget, approves the "
-              "new library, and announces the decision to the whole town on Friday.'")
+    prompt = COPY_PROMPT
     common = ["generate", prompt, "--max-new-tokens", "40", "--dtype", "float32", "--json"]
     auto, base = run(*common, "--gamma", "auto"), run(*common, "--baseline")
     assert auto.returncode == 0 and base.returncode == 0, auto.stderr + base.stderr

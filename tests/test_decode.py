@@ -1,7 +1,6 @@
 """The decode loop on toy models: greedy identity, stopping, errors, the step stream."""
 
 import pytest
-import torch
 
 from specdecode import (ModelDrafter, PromptLookupDrafter, SamplingParams, autoregressive_decode,
                         speculative_decode)

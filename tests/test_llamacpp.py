@@ -11,20 +11,14 @@ from specdecode.analysis.measure import profile_model  # noqa: E402
 from specdecode.models.load import load_model  # noqa: E402
 from specdecode.sampling import sample  # noqa: E402
 from stats import chi2_pvalue  # noqa: E402
+from realmodel import COPY_PROMPT, GREEDY, tokens_of  # noqa: E402
 
 pytestmark = pytest.mark.slow
-GREEDY = SamplingParams(temperature=0)
-PROMPT = ("Rewrite the following sentence in the past tense: 'The committee reviews the budget, approves the new "
-          "library, and announces the decision to the whole town on Friday.'")
 
 
 @pytest.fixture(scope="module")
 def target():
     return load_model(None, backend="llama.cpp", threads=2)
-
-
-def tokens_of(steps):
-    return [t for step in steps for t in step.tokens]
 
 
 def test_same_vocabulary_as_the_transformers_tokenizer(target):
@@ -52,7 +46,7 @@ def test_rollback_is_exact_and_logits_come_only_where_asked(target):
 
 @pytest.mark.parametrize("gamma", [2, 4])
 def test_greedy_with_prompt_lookup_equals_plain_greedy(target, gamma):
-    ids = encode_prompt(target.tokenizer, PROMPT)
+    ids = encode_prompt(target.tokenizer, COPY_PROMPT)
     expected = tokens_of(autoregressive_decode(target, ids, params=GREEDY, max_new_tokens=40))
     steps = list(speculative_decode(target, PromptLookupDrafter(), ids, gamma=gamma, params=GREEDY,
                                     max_new_tokens=40))
@@ -61,7 +55,7 @@ def test_greedy_with_prompt_lookup_equals_plain_greedy(target, gamma):
 
 
 def test_greedy_with_adaptive_gamma_equals_plain_greedy(target):
-    ids = encode_prompt(target.tokenizer, PROMPT)
+    ids = encode_prompt(target.tokenizer, COPY_PROMPT)
     expected = tokens_of(autoregressive_decode(target, ids, params=GREEDY, max_new_tokens=40))
     policy = AdaptiveGamma(profile_model(target, max_k=8, context=64, repeats=3).verify_ratios)
     assert tokens_of(speculative_decode(target, PromptLookupDrafter(), ids, gamma=policy, params=GREEDY,

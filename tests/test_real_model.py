@@ -4,14 +4,12 @@ needs it; in bf16 a batched forward can flip near-ties, see README)."""
 import pytest
 import torch
 
-from specdecode import (ModelDrafter, PromptLookupDrafter, SamplingParams, autoregressive_decode, encode_prompt,
+from specdecode import (ModelDrafter, PromptLookupDrafter, autoregressive_decode, encode_prompt,
                         speculative_decode)
 from specdecode.models.hf import HFModel
+from realmodel import COPY_PROMPT, GREEDY, tokens_of
 
 pytestmark = pytest.mark.slow
-GREEDY = SamplingParams(temperature=0)
-PROMPT = ("Rewrite the following sentence in the past tense: 'The committee reviews the budget, approves the new "
-          "library, and announces the decision to the whole town on Friday.'")
 
 
 @pytest.fixture(scope="module")
@@ -33,34 +31,30 @@ def tiny_draft(target):
     return HFModel(LlamaForCausalLM(config), target.tokenizer, name="tiny-random")
 
 
-def greedy_tokens(steps):
-    return [t for step in steps for t in step.tokens]
-
-
 def test_default_model_answers_a_simple_question(target):
     ids = encode_prompt(target.tokenizer, "What is the capital of France?")
-    out = greedy_tokens(autoregressive_decode(target, ids, params=GREEDY, max_new_tokens=20))
+    out = tokens_of(autoregressive_decode(target, ids, params=GREEDY, max_new_tokens=20))
     assert "Paris" in target.tokenizer.decode(out)
     assert out[-1] in target.eos_token_ids
 
 
 @pytest.mark.parametrize("gamma", [3, 6])
 def test_greedy_with_prompt_lookup_equals_plain_greedy(target, gamma):
-    ids = encode_prompt(target.tokenizer, PROMPT)
-    expected = greedy_tokens(autoregressive_decode(target, ids, params=GREEDY, max_new_tokens=40))
+    ids = encode_prompt(target.tokenizer, COPY_PROMPT)
+    expected = tokens_of(autoregressive_decode(target, ids, params=GREEDY, max_new_tokens=40))
     steps = list(speculative_decode(target, PromptLookupDrafter(), ids, gamma=gamma, params=GREEDY,
                                     max_new_tokens=40))
-    assert greedy_tokens(steps) == expected
+    assert tokens_of(steps) == expected
     assert sum(s.num_accepted for s in steps) > 5  # copying from the prompt really paid off
     assert len(steps) < len(expected)
 
 
 def test_greedy_with_a_draft_model_equals_plain_greedy(target, tiny_draft):
     ids = encode_prompt(target.tokenizer, "Name three primary colours.")
-    expected = greedy_tokens(autoregressive_decode(target, ids, params=GREEDY, max_new_tokens=24))
+    expected = tokens_of(autoregressive_decode(target, ids, params=GREEDY, max_new_tokens=24))
     steps = list(speculative_decode(target, ModelDrafter(tiny_draft), ids, gamma=3, params=GREEDY,
                                     max_new_tokens=24))
-    assert greedy_tokens(steps) == expected
+    assert tokens_of(steps) == expected
     assert steps[0].proposed and all(len(s.proposed) <= 3 for s in steps)
 
 
