@@ -163,8 +163,7 @@ def speculative_decode(
             policy.observe(betas, g + 1, t2 - t1, t1 - t0, drafted)
 
         # 5. Stop on EOS, the length limit, or a full context window.
-        room = (limit - len(context)) if limit else None
-        new, finish = _finish(new, emitted, max_new_tokens, eos, room)
+        new, finish = _finish(new, emitted, max_new_tokens, eos, (limit - len(context)) if limit else None)
         context.extend(new)
         emitted += len(new)
         yield Step(
