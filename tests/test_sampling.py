@@ -72,3 +72,20 @@ def test_sample_is_reproducible_with_a_seed():
     a = sample(probs, torch.Generator().manual_seed(3))
     b = sample(probs, torch.Generator().manual_seed(3))
     assert a.shape == (4,) and torch.equal(a, b)
+
+
+def test_draw_takes_the_greedy_fast_path_to_the_same_token():
+    from specdecode.sampling import draw
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 50, generator=gen)
+    greedy = SamplingParams(temperature=0)
+    assert torch.equal(draw(logits, greedy), sample(greedy.probs(logits), gen))
+    logits[0, 3] = 10.0
+    logits[0, 7] = 10.0  # a tie: the lowest id, as in probs()
+    assert int(draw(logits, greedy)[0]) == 3
+    with pytest.raises(ValueError, match="logits contain NaN"):
+        draw(torch.tensor([0.0, math.nan]), greedy)
+    a = draw(logits, SamplingParams(), torch.Generator().manual_seed(1))
+    b = sample(SamplingParams().probs(logits), torch.Generator().manual_seed(1))
+    assert torch.equal(a, b)

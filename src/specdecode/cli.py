@@ -359,7 +359,7 @@ def cmd_profile(args) -> int:
 
 def cmd_bench(args) -> int:
     import platform
-    import sys as _sys
+    from dataclasses import asdict
     from pathlib import Path
 
     import torch
@@ -389,7 +389,7 @@ def cmd_bench(args) -> int:
         methods += [Method("draft", g) for g in args.gamma]
     if not args.no_anchors and args.backend == "hf":
         methods += [Method("hf"), Method("hf-lookup", args.anchor_lookup_tokens)]
-        if draft is not None and args.backend == "hf":
+        if draft is not None:
             methods.append(Method("hf-assisted"))
     elif not args.no_anchors:
         methods += [Method("llama.cpp"), Method("llama.cpp-lookup", args.anchor_lookup_tokens)]
@@ -402,14 +402,12 @@ def cmd_bench(args) -> int:
                              on_run=lambda run: progress.advance(task),
                              gamma_policy=lambda g: _gamma_policy(g, args.max_gamma, target))
     rows = aggregate(runs, profile)
-    meta = dict(command="specdecode " + " ".join(_sys.argv[1:]), machine=platform.platform(),
+    meta = dict(command="specdecode " + " ".join(sys.argv[1:]), machine=platform.platform(),
                 processor=platform.processor() or platform.machine(), threads=torch.get_num_threads(),
                 torch=torch.__version__, target=getattr(target, "name", None), backend=args.backend,
                 dtype=args.dtype if args.backend == "hf" else "gguf",
                 max_new_tokens=args.max_new_tokens, prompts=len(prompts),
                 target_step_seconds=profile.step_seconds, verify_ratios=profile.verify_ratios)
-    from dataclasses import asdict
-
     (out / "results.json").write_text(json.dumps(
         dict(meta=meta, rows=[asdict(r) for r in rows], runs=[run_record(r) for r in runs]), indent=1))
     header = (f"Command: `{meta['command']}`\n\nMachine: {meta['machine']}, {meta['threads']} torch threads, "

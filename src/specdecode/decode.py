@@ -19,7 +19,7 @@ import torch
 from .adaptive import AdaptiveGamma
 from .drafters.base import Draft, Drafter
 from .models.base import Model, check_same_vocab
-from .sampling import SamplingParams, sample
+from .sampling import SamplingParams, draw
 from .verify import acceptance, verify
 
 
@@ -200,7 +200,7 @@ def autoregressive_decode(
     for emitted in range(max_new_tokens):
         t0 = time.perf_counter()
         logits = target.forward(tokens, cache, num_logits=1)  # [1, 1, V]
-        token = int(sample(params.probs(logits[:, -1]), gen))
+        token = int(draw(logits[:, -1], params, gen))
         t1 = time.perf_counter()
         new, finish = _finish([token], emitted, max_new_tokens, eos, (limit - length) if limit else None)
         length += 1

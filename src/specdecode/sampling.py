@@ -87,3 +87,13 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     # u rounding up to the total (odds ~1e-16) would run off the end: take the last token with mass.
     last = torch.searchsorted(cdf, cdf[:, -1:].contiguous(), right=False)  # [N, 1]
     return torch.minimum(tokens, last).reshape(probs.shape[:-1])
+
+
+def draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row straight from logits [..., V] -> [...]: `sample(params.probs(logits))`,
+    except that greedy takes the argmax directly (the same token, ~5x less work per step)."""
+    if not params.is_greedy:
+        return sample(params.probs(logits), generator)
+    if not torch.isfinite(logits).all():
+        params.probs(logits)  # raises the same error as the general path
+    return logits.argmax(-1)
