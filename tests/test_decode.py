@@ -151,3 +151,15 @@ def test_betas_are_the_acceptance_probabilities_of_the_kept_positions():
     betas = [b for step in speculative_decode(target, ModelDrafter(draft), [0], gamma=3, params=SamplingParams(),
                                                seed=1, max_new_tokens=200) for b in step.betas]
     assert all(0.0 < b < 1.0 for b in betas) and len(betas) > 50
+
+
+def test_draft_confidence_stops_proposals_early_and_keeps_greedy_output():
+    target, draft = toy_pair()
+    expected = tokens_of(autoregressive_decode(target, [0], params=GREEDY, max_new_tokens=40))
+    steps = list(speculative_decode(target, ModelDrafter(draft, min_confidence=0.6), [0], gamma=6, params=GREEDY,
+                                    max_new_tokens=40))
+    assert tokens_of(steps) == expected
+    lengths = {len(s.proposed) for s in steps[:-2]}
+    assert min(lengths) >= 1 and min(lengths) < 6  # some proposals were cut short by the draft itself
+    with pytest.raises(ValueError, match="min_confidence"):
+        ModelDrafter(draft, min_confidence=1.0)

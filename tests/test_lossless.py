@@ -50,6 +50,11 @@ def test_model_drafter_matches_target_over_whole_sequences(gamma, setting):
     assert whole_sequence_pvalue(ModelDrafter, gamma, SETTINGS[setting]) > 1e-3
 
 
+def test_confidence_limited_drafts_match_target_over_whole_sequences():
+    drafter_for = lambda draft: ModelDrafter(draft, min_confidence=0.6)  # noqa: E731
+    assert whole_sequence_pvalue(drafter_for, 5, SETTINGS["temperature 1"]) > 1e-3
+
+
 def test_prompt_lookup_matches_target_over_whole_sequences():
     assert whole_sequence_pvalue(lambda draft: PromptLookupDrafter(), 3, SETTINGS["temperature 1"]) > 1e-3
 

@@ -42,6 +42,9 @@ def _model_options(with_draft: bool = True) -> argparse.ArgumentParser:
     if with_draft:
         common.add_argument("--draft-backend", default=None, choices=["hf", "llama.cpp"],
                             help="backend of the draft model (default: the target's)")
+        common.add_argument("--min-draft-confidence", type=float, default=0.0,
+                            help="a draft model stops proposing when its top probability falls below this "
+                                 "(default 0: always propose gamma tokens)")
     common.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's setting)")
     common.add_argument("--dtype", default="bfloat16", help="bfloat16 (default, faster on CPU) or float32 (hf only)")
     common.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
@@ -161,7 +164,7 @@ def _load_drafter(args, target):
         from .drafters.ngram import NgramDrafter
 
         return NgramDrafter.load(args.draft[len(NGRAM):])
-    return ModelDrafter(_load_draft_model(args.draft, args, target))
+    return ModelDrafter(_load_draft_model(args.draft, args, target), min_confidence=args.min_draft_confidence)
 
 
 def _params(args):

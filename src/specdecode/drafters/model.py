@@ -20,8 +20,14 @@ class ModelDrafter:
     but never fed).
     """
 
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, min_confidence: float = 0.0) -> None:
+        if not (0.0 <= min_confidence < 1.0):
+            raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence}")
         self.model = model
+        # Stop drafting early when the draft's own top probability falls below this: a token the
+        # draft itself is unsure of is likely rejected, and verifying it costs target time. The
+        # rule looks only at the draft's side, so verification stays exact.
+        self.min_confidence = min_confidence
         self.vocab = model.vocab
         self.cache = None
         self._proposed_from = 0  # context length at the last proposal
@@ -41,6 +47,8 @@ class ModelDrafter:
         tokens, probs = [], []
         for i in range(gamma):
             q = self.params.probs(logits)  # [1, V]
+            if i and self.min_confidence and self._confidence(logits, q) < self.min_confidence:
+                break
             x = sample(q, self.generator)  # [1]
             tokens.append(x)
             probs.append(q)
@@ -50,6 +58,11 @@ class ModelDrafter:
         if not tokens:
             return Draft(torch.empty(1, 0, dtype=torch.long), torch.empty(1, 0, logits.shape[-1]))
         return Draft(torch.stack(tokens, dim=1), torch.stack(probs, dim=1))  # [1, g], [1, g, V]
+
+    def _confidence(self, logits: torch.Tensor, q: torch.Tensor) -> float:
+        """The draft's probability of its own next token; for greedy, of the unscaled argmax (q is
+        a point mass there and says nothing)."""
+        return float(torch.softmax(logits.float(), -1).max() if self.params.is_greedy else q.max())
 
     def accept(self, num_accepted: int) -> None:
         # The cache holds the context plus the first gamma-1 drafts; keep the accepted ones only.
