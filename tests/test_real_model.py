@@ -70,3 +70,16 @@ def test_hf_cache_trim_rolls_back_exactly(target):
     assert torch.allclose(first, again, atol=1e-5)
     with pytest.raises(ValueError, match="cannot trim"):
         cache.trim(len(cache) + 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_greedy_on_cuda_equals_plain_greedy():
+    from specdecode.models.default import load_default_target
+
+    cuda_target = load_default_target(dtype="float32", device="cuda")
+    ids = encode_prompt(cuda_target.tokenizer, COPY_PROMPT)
+    expected = tokens_of(autoregressive_decode(cuda_target, ids, params=GREEDY, max_new_tokens=40))
+    steps = list(speculative_decode(cuda_target, PromptLookupDrafter(), ids, gamma=4, params=GREEDY,
+                                    max_new_tokens=40))
+    assert tokens_of(steps) == expected and sum(s.num_accepted for s in steps) > 0
