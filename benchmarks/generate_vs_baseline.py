@@ -19,18 +19,16 @@ from pathlib import Path
 import torch
 
 from specdecode import PromptLookupDrafter, SamplingParams, Stats, encode_prompt, generate
+from specdecode.bench.prompts import load_prompts
 from specdecode.models.default import load_default_target
 
 SPEC_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 
 
 def first_of(categories, path):
-    chosen = {}
-    for line in open(path):
-        q = json.loads(line)
-        if q["category"] in categories and q["category"] not in chosen:
-            chosen[q["category"]] = q
-    return [chosen[c] for c in categories]
+    """The first prompt of each category, in the order the categories are given."""
+    prompts = load_prompts(path, categories, per_category=1)
+    return sorted(prompts, key=lambda p: categories.index(p.category))
 
 
 def run(target, ids, drafter, gamma, max_new_tokens):
@@ -55,7 +53,7 @@ def main():
     target = load_default_target(dtype=args.dtype)
     rows = []
     for q in first_of(args.categories, args.questions):
-        ids = encode_prompt(target.tokenizer, q["turns"][0])
+        ids = encode_prompt(target.tokenizer, q.text)
         runs = {"baseline": []} | {f"lookup g={g}": [] for g in args.gamma}
         for _ in range(args.repeats):
             runs["baseline"].append(run(target, ids, None, 0, args.max_new_tokens))
@@ -65,7 +63,7 @@ def main():
         base_tokens = runs["baseline"][0].tokens
         for name, stats in runs.items():
             tps = statistics.median(s.tokens_per_second for s in stats)
-            rows.append(dict(category=q["category"], question_id=q["question_id"], prompt_tokens=len(ids),
+            rows.append(dict(category=q.category, question_id=q.id, prompt_tokens=len(ids),
                              method=name, new_tokens=stats[0].new_tokens,
                              tokens_per_call=stats[0].tokens_per_call, acceptance=stats[0].acceptance_rate,
                              alpha=stats[0].alpha,

@@ -11,7 +11,7 @@ from specdecode.analysis.measure import profile_model  # noqa: E402
 from specdecode.models.load import load_model  # noqa: E402
 from specdecode.sampling import sample  # noqa: E402
 from stats import chi2_pvalue  # noqa: E402
-from realmodel import COPY_PROMPT, GREEDY, tokens_of  # noqa: E402
+from realmodel import COPY_PROMPT, GREEDY, lookup_and_plain_greedy, tokens_of  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -46,10 +46,7 @@ def test_rollback_is_exact_and_logits_come_only_where_asked(target):
 
 @pytest.mark.parametrize("gamma", [2, 4])
 def test_greedy_with_prompt_lookup_equals_plain_greedy(target, gamma):
-    ids = encode_prompt(target.tokenizer, COPY_PROMPT)
-    expected = tokens_of(autoregressive_decode(target, ids, params=GREEDY, max_new_tokens=40))
-    steps = list(speculative_decode(target, PromptLookupDrafter(), ids, gamma=gamma, params=GREEDY,
-                                    max_new_tokens=40))
+    steps, expected = lookup_and_plain_greedy(target, gamma)
     assert tokens_of(steps) == expected and "committee" in target.tokenizer.decode(expected)
     assert sum(s.num_accepted for s in steps) > 3  # copying from the prompt was accepted
 

@@ -4,10 +4,10 @@ needs it; in bf16 a batched forward can flip near-ties, see README)."""
 import pytest
 import torch
 
-from specdecode import (ModelDrafter, PromptLookupDrafter, autoregressive_decode, encode_prompt,
+from specdecode import (ModelDrafter, autoregressive_decode, encode_prompt,
                         speculative_decode)
 from specdecode.models.hf import HFModel
-from realmodel import COPY_PROMPT, GREEDY, tokens_of
+from realmodel import GREEDY, lookup_and_plain_greedy, tokens_of
 
 pytestmark = pytest.mark.slow
 
@@ -40,10 +40,7 @@ def test_default_model_answers_a_simple_question(target):
 
 @pytest.mark.parametrize("gamma", [3, 6])
 def test_greedy_with_prompt_lookup_equals_plain_greedy(target, gamma):
-    ids = encode_prompt(target.tokenizer, COPY_PROMPT)
-    expected = tokens_of(autoregressive_decode(target, ids, params=GREEDY, max_new_tokens=40))
-    steps = list(speculative_decode(target, PromptLookupDrafter(), ids, gamma=gamma, params=GREEDY,
-                                    max_new_tokens=40))
+    steps, expected = lookup_and_plain_greedy(target, gamma)
     assert tokens_of(steps) == expected
     assert sum(s.num_accepted for s in steps) > 5  # copying from the prompt really paid off
     assert len(steps) < len(expected)
@@ -78,8 +75,5 @@ def test_greedy_on_cuda_equals_plain_greedy():
     from specdecode.models.default import load_default_target
 
     cuda_target = load_default_target(dtype="float32", device="cuda")
-    ids = encode_prompt(cuda_target.tokenizer, COPY_PROMPT)
-    expected = tokens_of(autoregressive_decode(cuda_target, ids, params=GREEDY, max_new_tokens=40))
-    steps = list(speculative_decode(cuda_target, PromptLookupDrafter(), ids, gamma=4, params=GREEDY,
-                                    max_new_tokens=40))
+    steps, expected = lookup_and_plain_greedy(cuda_target, gamma=4)
     assert tokens_of(steps) == expected and sum(s.num_accepted for s in steps) > 0

@@ -144,14 +144,14 @@ def speculative_decode(
         t2 = time.perf_counter()
 
         # 3. Speculative sampling: keep n draft tokens, add one corrected or bonus token.
-        draft_probs = _match_vocab(draft.probs, target_probs.shape[-1])
+        draft_probs = match_vocab(draft.probs, target_probs.shape[-1])
         verdict = verify(draft.tokens, draft_probs, target_probs, gen, lenience)
         n = int(verdict.num_accepted[0])
         new = verdict.emitted(0)
         if shadow_draft is None:
             betas = _betas(draft, draft_probs, target_probs, n)
         else:
-            betas = _betas(shadow_draft, _match_vocab(shadow_draft.probs, target_probs.shape[-1]), target_probs, 0)
+            betas = _betas(shadow_draft, match_vocab(shadow_draft.probs, target_probs.shape[-1]), target_probs, 0)
 
         # 4. Roll back: the target cache now holds context + g drafts; keep context + n accepted.
         #    The extra token is the newest context token: it is fed with the next draft. When all g
@@ -221,7 +221,7 @@ def _betas(draft: Draft, draft_probs: torch.Tensor | None, target_probs: torch.T
     return acceptance(target_probs[0, :kept], draft_probs[0, :kept]).tolist()
 
 
-def _match_vocab(draft_probs: torch.Tensor | None, vocab_size: int) -> torch.Tensor | None:
+def match_vocab(draft_probs: torch.Tensor | None, vocab_size: int) -> torch.Tensor | None:
     """Pad a draft distribution [B, g, V'] to the target's logit width V (tokens the draft's head
     lacks have q = 0, which keeps speculative sampling exact)."""
     if draft_probs is None or draft_probs.shape[-1] == vocab_size:

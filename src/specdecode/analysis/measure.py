@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from ..decode import autoregressive_decode
+from ..decode import autoregressive_decode, match_vocab
 from ..drafters.base import Drafter
 from ..models.base import Model, check_same_vocab
 from ..models.hf import cache_root
@@ -47,8 +47,7 @@ def position_betas(target: Model, drafter: Drafter, prompt: Sequence[int], gener
         elif draft.probs is None:
             betas.append(float(target_probs[i, int(draft.tokens[0, 0])]))  # q is a point mass
         else:
-            q = draft.probs[0, 0]
-            q = torch.nn.functional.pad(q, (0, target_probs.shape[-1] - q.shape[-1]))
+            q = match_vocab(draft.probs, target_probs.shape[-1])[0, 0]
             betas.append(float(acceptance(target_probs[i], q)))
     return betas
 
