@@ -61,10 +61,19 @@ def test_invalid_settings_are_refused(kwargs, message):
         SamplingParams(**kwargs)
 
 
-@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
 def test_non_finite_logits_are_refused(bad):
     with pytest.raises(ValueError, match="logits contain"):
         SamplingParams().probs(torch.tensor([0.0, bad, 1.0]))
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0), SamplingParams(top_p=0.5)])
+def test_minus_infinity_is_a_token_that_cannot_be_drawn(params):
+    probs = params.probs(torch.tensor([[0.0, -math.inf, 1.0]]))
+    assert probs[0, 1] == 0 and torch.isclose(probs.sum(), torch.tensor(1.0))
+    assert (sample(probs.expand(500, 3), torch.Generator().manual_seed(0)) != 1).all()
+    with pytest.raises(ValueError, match="every token"):
+        params.probs(torch.full((1, 3), -math.inf))
 
 
 def test_sample_is_reproducible_with_a_seed():

@@ -50,9 +50,7 @@ class SamplingParams:
         if logits.dim() == 0 or logits.shape[-1] == 0:
             raise ValueError(f"logits must have a non-empty last (vocabulary) dimension, got shape {tuple(logits.shape)}")
         logits = logits.float()
-        if not torch.isfinite(logits).all():
-            bad = "NaN" if torch.isnan(logits).any() else "infinite"
-            raise ValueError(f"logits contain {bad} values; the model's output is not usable")
+        check_logits(logits)
         if self.greedy:
             # argmax returns the first maximal index: ties are broken towards the lowest id.
             return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
@@ -69,6 +67,17 @@ class SamplingParams:
             probs = probs.masked_fill(drop, 0.0)
             probs = probs / probs.sum(-1, keepdim=True)
         return probs
+
+
+def check_logits(logits: torch.Tensor) -> None:
+    """-inf marks a token a model cannot emit (probability 0, e.g. outside a draft's reduced
+    vocabulary); NaN, +inf, or a row with every token at -inf make the output unusable."""
+    top = logits.amax(-1)  # one pass: NaN propagates through max, +inf and all -inf show in it
+    if not torch.isfinite(top).all():
+        if torch.isnan(top).any() or torch.isposinf(top).any():
+            bad = "NaN" if torch.isnan(top).any() else "infinite"
+            raise ValueError(f"logits contain {bad} values; the model's output is not usable")
+        raise ValueError("logits are -inf for every token; the model's output is not usable")
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -94,6 +103,5 @@ def draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generato
     except that greedy takes the argmax directly (the same token, ~5x less work per step)."""
     if not params.is_greedy:
         return sample(params.probs(logits), generator)
-    if not torch.isfinite(logits).all():
-        params.probs(logits)  # raises the same error as the general path
+    check_logits(logits)
     return logits.argmax(-1)

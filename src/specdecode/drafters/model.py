@@ -49,7 +49,7 @@ class ModelDrafter:
             q = self.params.probs(logits)  # [1, V]
             if i and self.min_confidence and self._confidence(logits, q) < self.min_confidence:
                 break
-            x = sample(q, self.generator)  # [1]
+            x = q.argmax(-1) if self.params.is_greedy else sample(q, self.generator)  # [1]; greedy q is one-hot
             tokens.append(x)
             probs.append(q)
             if i + 1 < gamma:  # the last draft token is fed only if it is accepted
