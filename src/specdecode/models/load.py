@@ -15,6 +15,14 @@ def load_model(path: str | None = None, backend: str = "hf", dtype: str = "bfloa
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     path = path or default_target_path()
+    from .draftnet import is_draftnet, load_draftnet
+
+    if is_draftnet(path):  # a trained draft network runs on PyTorch, in float32, whatever the backend:
+        if threads:  # it is small enough that bf16 saves no time on a CPU
+            import torch
+
+            torch.set_num_threads(threads)
+        return load_draftnet(path, dtype="float32", device=device)
     if backend == "llama.cpp":
         from .llamacpp import LlamaCppModel
 
