@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import specdecode.decode
-from specdecode import ModelDrafter, PromptLookupDrafter, SamplingParams, speculative_decode
+from specdecode import LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams, speculative_decode
 from specdecode.sampling import sample
 from specdecode.verify import verify
 from stats import chi2_pvalue
@@ -57,6 +57,11 @@ def test_confidence_limited_drafts_match_target_over_whole_sequences():
 
 def test_prompt_lookup_matches_target_over_whole_sequences():
     assert whole_sequence_pvalue(lambda draft: PromptLookupDrafter(), 3, SETTINGS["temperature 1"]) > 1e-3
+
+
+def test_lookup_then_model_drafts_match_target_over_whole_sequences():
+    drafter_for = lambda draft: LookupThenModelDrafter(ModelDrafter(draft), min_match=1)  # noqa: E731
+    assert whole_sequence_pvalue(drafter_for, 3, SETTINGS["temperature 1"]) > 1e-3
 
 
 def test_eos_inside_an_accepted_run_ends_the_sequence_exactly():

@@ -2,7 +2,7 @@
 
 from .adaptive import AdaptiveGamma
 from .decode import Step, autoregressive_decode, speculative_decode
-from .drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter
+from .drafters import Draft, Drafter, LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter
 from .generate import Stats, TextStep, encode_prompt, generate
 from .sampling import SamplingParams
 from .verify import Verdict, verify
@@ -10,6 +10,6 @@ from .verify import Verdict, verify
 __version__ = "0.1.0"
 
 __all__ = [
-    "AdaptiveGamma", "Draft", "Drafter", "ModelDrafter", "PromptLookupDrafter", "SamplingParams", "Stats", "Step",
+    "AdaptiveGamma", "Draft", "Drafter", "LookupThenModelDrafter", "ModelDrafter", "PromptLookupDrafter", "SamplingParams", "Stats", "Step",
     "TextStep", "Verdict", "autoregressive_decode", "encode_prompt", "generate", "speculative_decode", "verify",
 ]

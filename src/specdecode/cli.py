@@ -8,6 +8,8 @@ import os
 import sys
 
 LOOKUP = "lookup"
+TRAINED = "trained"
+HYBRID = "lookup+"  # lookup+MODEL: prompt lookup on repeats, the model elsewhere
 NGRAM = "ngram:"
 
 
@@ -36,7 +38,9 @@ def _model_options(with_draft: bool = True) -> argparse.ArgumentParser:
                         "(default: the embedded SmolLM2-135M-Instruct)")
     if with_draft:
         common.add_argument("--draft", default=LOOKUP,
-                            help="draft model path, 'lookup' for prompt lookup (default), or ngram:FILE.npz")
+                            help="'lookup' for prompt lookup (default), 'trained' for the draft network shipped for "
+                                 "the embedded target, a draft model path, lookup+MODEL (copy where the text "
+                                 "repeats, MODEL elsewhere, e.g. lookup+trained), or ngram:FILE.npz")
     common.add_argument("--backend", default="hf", choices=["hf", "llama.cpp"],
                         help="hf: transformers (default); llama.cpp: llama-cpp-python on a .gguf file")
     if with_draft:
@@ -115,7 +119,8 @@ def _parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", parents=[_model_options(with_draft=False)],
                                 help="benchmark drafters against the autoregressive baseline over a prompt set")
     _prompt_options(bench, required=True)
-    bench.add_argument("--draft", action="append", default=[], help="a draft model path to include (repeatable)")
+    bench.add_argument("--draft", action="append", default=[], help="a draft model path (or 'trained') to include")
+    bench.add_argument("--ngram", default=None, help="an n-gram drafter file (.npz from `ngram fit`) to include")
     bench.add_argument("--gamma", type=_gamma_arg, nargs="+", default=[2, 4, 8, "auto"],
                        help="fixed gammas and/or 'auto' (default: 2 4 8 auto)")
     bench.add_argument("--max-gamma", type=int, default=8, help="upper bound for 'auto' (default 8)")
@@ -131,9 +136,31 @@ def _parser() -> argparse.ArgumentParser:
     ngram_commands = ngram.add_subparsers(dest="ngram_command", required=True)
     fit = ngram_commands.add_parser("fit", parents=[_model_options(with_draft=False)],
                                     help="count k-grams of a corpus tokenized with the target's tokenizer")
-    fit.add_argument("--corpus", required=True, help="text file (one document a line) or jsonl ('text', 'prompt', 'turns')")
+    fit.add_argument("--corpus", required=True, help="text file (one document a line), jsonl ('text', 'prompt', 'turns'), or a "
+                          "distillation corpus .npz from `distill` (its answers are used)")
     fit.add_argument("--order", type=int, default=2, help="1 = unigram, 2 = bigram (default), k = k-gram")
     fit.add_argument("--out", required=True, help="output .npz file")
+
+    dist = commands.add_parser("distill", parents=[_model_options(with_draft=False)],
+                               help="train a small draft model for the target on its own generations")
+    dist.add_argument("--out", required=True, help="output directory of the trained draft")
+    dist.add_argument("--corpus", default=None,
+                      help="corpus file: reused when it exists, else generated and written there "
+                           "(default: OUT.corpus.npz)")
+    dist.add_argument("--data-minutes", type=float, default=25.0, help="time for generating the corpus (default 25)")
+    dist.add_argument("--train-minutes", type=float, default=60.0, help="training time (default 60)")
+    dist.add_argument("--layers", type=int, default=2)
+    dist.add_argument("--dim", type=int, default=256)
+    dist.add_argument("--heads", type=int, default=4)
+    dist.add_argument("--mlp-dim", type=int, default=768)
+    dist.add_argument("--embed-dim", type=int, default=128, help="factorised input embedding size (default 128)")
+    dist.add_argument("--kept", type=int, default=8192, help="output vocabulary: the most used tokens (default 8192)")
+    dist.add_argument("--window", type=int, default=1024, help="attention window in tokens (default 1024)")
+    dist.add_argument("--lr", type=float, default=2e-3)
+    dist.add_argument("--batch-tokens", type=int, default=8192, help="tokens per training batch (default 8192)")
+    dist.add_argument("--gen-batch", type=int, default=32, help="prompts per generation batch (default 32)")
+    dist.add_argument("--answer-tokens", type=int, default=256, help="longest answer generated (default 256)")
+    dist.add_argument("--seed", type=int, default=0)
     return parser
 
 
@@ -147,6 +174,10 @@ def _load_draft_model(path: str, args, target):
     from .models.base import check_same_vocab
     from .models.load import load_model
 
+    if path == TRAINED:
+        from .models.default import trained_draft_path
+
+        path = str(trained_draft_path())
     backend = getattr(args, "draft_backend", None) or args.backend
     draft = load_model(path, backend, args.dtype, args.device, args.threads)
     check_same_vocab(target.vocab, draft.vocab)
@@ -164,6 +195,11 @@ def _load_drafter(args, target):
         from .drafters.ngram import NgramDrafter
 
         return NgramDrafter.load(args.draft[len(NGRAM):])
+    if args.draft.startswith(HYBRID):
+        from .drafters import LookupThenModelDrafter
+
+        model = _load_draft_model(args.draft[len(HYBRID):], args, target)
+        return LookupThenModelDrafter(ModelDrafter(model, min_confidence=args.min_draft_confidence))
     return ModelDrafter(_load_draft_model(args.draft, args, target), min_confidence=args.min_draft_confidence)
 
 
@@ -388,11 +424,21 @@ def cmd_bench(args) -> int:
     target = _load_target(args)
     draft = _load_draft_model(args.draft[0], args, target) if args.draft else None
     methods = [Method("baseline")] + [Method("lookup", g) for g in args.gamma]
+    drafters = {}
+    if args.ngram:
+        from .drafters.ngram import NgramDrafter
+
+        NgramDrafter.load(args.ngram)  # fail before any run on a bad file
+        drafters["ngram"] = lambda: NgramDrafter.load(args.ngram)  # fresh counts for every run
+        methods += [Method("ngram", g) for g in args.gamma]
     if draft is not None:
-        methods += [Method("draft", g) for g in args.gamma]
+        from .drafters import LookupThenModelDrafter, ModelDrafter
+
+        drafters["lookup+draft"] = lambda: LookupThenModelDrafter(ModelDrafter(draft))
+        methods += [Method("draft", g) for g in args.gamma] + [Method("lookup+draft", g) for g in args.gamma]
     if not args.no_anchors and args.backend == "hf":
         methods += [Method("hf"), Method("hf-lookup", args.anchor_lookup_tokens)]
-        if draft is not None:
+        if draft is not None and hasattr(draft, "model"):  # a transformers draft: generate()'s assisted decoding
             methods.append(Method("hf-assisted"))
     elif not args.no_anchors:
         methods += [Method("llama.cpp"), Method("llama.cpp-lookup", args.anchor_lookup_tokens)]
@@ -403,7 +449,7 @@ def cmd_bench(args) -> int:
         progress.update(task, description="benchmarking")
         runs = run_benchmark(target, prompts, methods, args.temperatures, args.max_new_tokens, args.seed, draft,
                              on_run=lambda run: progress.advance(task),
-                             gamma_policy=lambda g: _gamma_policy(g, args.max_gamma, target))
+                             gamma_policy=lambda g: _gamma_policy(g, args.max_gamma, target), drafters=drafters)
     rows = aggregate(runs, profile)
     meta = dict(command="specdecode " + " ".join(sys.argv[1:]), machine=platform.platform(),
                 processor=platform.processor() or platform.machine(), threads=torch.get_num_threads(),
@@ -431,14 +477,47 @@ def cmd_ngram(args) -> int:
     from .models.load import load_model
 
     _positive("--order", args.order)
-    documents = load_prompts(args.corpus)
     target = load_model(args.target, args.backend, args.dtype, args.device, args.threads)
-    sequences = [target.tokenizer.encode(d.text, add_special_tokens=False) for d in documents]
+    if args.corpus.endswith(".npz"):  # a distillation corpus: the target's own answers, already tokens
+        from .distill.data import Corpus
+
+        corpus = Corpus.load(args.corpus)
+        sequences = [corpus.answer(i).tolist() for i in range(corpus.num_sequences)]
+    else:
+        documents = load_prompts(args.corpus)
+        sequences = [target.tokenizer.encode(d.text, add_special_tokens=False) for d in documents]
     drafter = NgramDrafter(target.vocab, order=args.order).fit(sequences)
     path = drafter.save(args.out)
     contexts = sum(len(table) for table in drafter.counts)
     print(f"fitted a {args.order}-gram on {sum(map(len, sequences))} tokens from {len(sequences)} documents "
           f"({contexts} contexts); written to {path} ({path.stat().st_size / 1e6:.2f} MB)")
+    return 0
+
+
+def cmd_distill(args) -> int:
+    from .distill.run import distill
+    from .models.hf import HFModel
+
+    for name in ("layers", "dim", "heads", "mlp_dim", "embed_dim", "kept", "window", "batch_tokens", "gen_batch",
+                 "answer_tokens"):
+        _positive("--" + name.replace("_", "-"), getattr(args, name))
+    if args.data_minutes <= 0 or args.train_minutes <= 0:
+        raise ValueError("--data-minutes and --train-minutes must be positive")
+    if args.lr <= 0:
+        raise ValueError(f"--lr must be positive, got {args.lr}")
+    if args.backend != "hf":
+        raise ValueError("distill generates its corpus on the transformers backend; use --backend hf")
+    out = os.path.abspath(args.out)
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise ValueError(f"--out {args.out!r} exists and is not an empty directory; nothing was overwritten")
+    target = _load_target(args)
+    if not isinstance(target, HFModel):
+        raise ValueError("distill needs a transformers target")
+    config = dict(layers=args.layers, dim=args.dim, heads=args.heads, mlp_dim=args.mlp_dim, embed_dim=args.embed_dim,
+                  kept=args.kept, window=args.window)
+    distill(target, out, args.corpus or out.rstrip("/") + ".corpus.npz", args.data_minutes * 60,
+            args.train_minutes * 60, config, lr=args.lr, tokens_per_batch=args.batch_tokens, seed=args.seed,
+            batch_size=args.gen_batch, max_new_tokens=args.answer_tokens, log=lambda m: print(m, flush=True))
     return 0
 
 
@@ -451,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
 
         hf_logging.disable_progress_bar()
         commands = {"generate": cmd_generate, "analyze": cmd_analyze, "alpha": cmd_alpha, "profile": cmd_profile,
-                    "bench": cmd_bench, "ngram": cmd_ngram}
+                    "bench": cmd_bench, "ngram": cmd_ngram, "distill": cmd_distill}
         return commands[args.command](args)
     except (ValueError, FileNotFoundError, OSError, ImportError) as err:
         print(f"specdecode: error: {err}", file=sys.stderr)

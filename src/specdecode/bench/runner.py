@@ -21,7 +21,7 @@ from .prompts import Prompt
 
 @dataclass(frozen=True)
 class Method:
-    name: str  # "baseline", "lookup", "draft", "hf", "hf-lookup", "hf-assisted", "llama.cpp", "llama.cpp-lookup"
+    name: str  # "baseline", "lookup", "draft", "ngram", "hf", "hf-lookup", "hf-assisted", "llama.cpp", "llama.cpp-lookup"
     gamma: int | str | None = None  # a fixed draft length, "auto" (adaptive), or None
 
     @property
@@ -102,9 +102,9 @@ def llamacpp_generate(target, ids: list[int], params: SamplingParams, max_new_to
 
 
 def run_one(target, prompt: Prompt, ids: list[int], method: Method, params: SamplingParams, max_new_tokens: int,
-            seed: int, draft=None, keep_timeline: bool = False, gamma_policy=None) -> Run:
+            seed: int, draft=None, keep_timeline: bool = False, gamma_policy=None, drafters=None) -> Run:
     """One generation. `gamma_policy` turns a method's gamma into what the decode loop takes (for
-    "auto": a fresh AdaptiveGamma)."""
+    "auto": a fresh AdaptiveGamma); `drafters` maps further method names to drafter factories."""
     base = dict(prompt_id=prompt.id, category=prompt.category, task=prompt.task, method=method.name,
                 gamma=method.gamma, temperature=params.temperature, prompt_tokens=len(ids))
     if method.name.startswith(("hf", "llama.cpp")):
@@ -118,7 +118,9 @@ def run_one(target, prompt: Prompt, ids: list[int], method: Method, params: Samp
                                        prompt_lookup=method.gamma if method.name == "llama.cpp-lookup" else None)
         wall = time.perf_counter() - start
         return Run(**base, new_tokens=len(tokens), wall_seconds=wall, tokens=tokens)
-    drafter = {"baseline": lambda: None, "lookup": PromptLookupDrafter, "draft": lambda: ModelDrafter(draft)}[method.name]()
+    factories = {"baseline": lambda: None, "lookup": PromptLookupDrafter, "draft": lambda: ModelDrafter(draft),
+                 **(drafters or {})}
+    drafter = factories[method.name]()
     stats = Stats()
     timeline = []
     gamma = gamma_policy(method.gamma) if gamma_policy and method.gamma is not None else (method.gamma or 0)
@@ -135,7 +137,7 @@ def run_one(target, prompt: Prompt, ids: list[int], method: Method, params: Samp
 
 def run_benchmark(target, prompts: Sequence[Prompt], methods: Sequence[Method], temperatures: Sequence[float],
                   max_new_tokens: int, seed: int = 0, draft=None, chat: bool = True,
-                  on_run: Callable[[Run], None] | None = None, gamma_policy=None) -> list[Run]:
+                  on_run: Callable[[Run], None] | None = None, gamma_policy=None, drafters=None) -> list[Run]:
     """Every method on every prompt and temperature; the baseline first for each (prompt, temperature)."""
     if Method("baseline") not in methods:
         methods = [Method("baseline"), *methods]
@@ -148,7 +150,7 @@ def run_benchmark(target, prompts: Sequence[Prompt], methods: Sequence[Method], 
             for method in methods:
                 run = run_one(target, prompt, ids, method, params, max_new_tokens, seed, draft,
                               keep_timeline=(prompt is prompts[0] and temperature == temperatures[0]),
-                              gamma_policy=gamma_policy)
+                              gamma_policy=gamma_policy, drafters=drafters)
                 if method.name == "baseline":
                     baseline_tokens = run.tokens
                 if params.is_greedy:

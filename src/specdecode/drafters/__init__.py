@@ -1,6 +1,7 @@
 from .base import Draft, Drafter
+from .hybrid import LookupThenModelDrafter
 from .lookup import PromptLookupDrafter
 from .model import ModelDrafter
 from .ngram import NgramDrafter
 
-__all__ = ["Draft", "Drafter", "ModelDrafter", "NgramDrafter", "PromptLookupDrafter"]
+__all__ = ["Draft", "Drafter", "LookupThenModelDrafter", "ModelDrafter", "NgramDrafter", "PromptLookupDrafter"]

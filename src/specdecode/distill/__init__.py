@@ -1,0 +1,1 @@
+"""Distilling a small draft model from a target: built prompts, target generations, training."""
