@@ -43,6 +43,7 @@ class AdaptiveGamma:
         self.shadow_cost_limit = shadow_cost_limit
         self.probe_every = probe_every
         self._since_shadow = 0
+        self._iterations = 0
         self.step_seconds: float | None = None  # running estimate of T(1)
 
     def expected_rate(self, gamma: int) -> float:
@@ -72,6 +73,9 @@ class AdaptiveGamma:
         """One iteration: acceptance probabilities seen, tokens verified, and what it cost."""
         for beta in betas:
             self.alpha = self.decay * self.alpha + (1 - self.decay) * beta
+        self._iterations += 1
+        if self._iterations == 1:  # the prefill: both models read the whole prompt, nothing like a step
+            return
         step = target_seconds / self.cost(verified)  # this call, in units of one-token steps
         self.step_seconds = step if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * step
         if drafted:
