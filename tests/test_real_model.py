@@ -77,3 +77,36 @@ def test_greedy_on_cuda_equals_plain_greedy():
     cuda_target = load_default_target(dtype="float32", device="cuda")
     steps, expected = lookup_and_plain_greedy(cuda_target, gamma=4)
     assert tokens_of(steps) == expected and sum(s.num_accepted for s in steps) > 0
+
+
+@pytest.fixture(scope="module")
+def trained_draft():
+    from specdecode.models.default import trained_draft_path
+    from specdecode.models.load import load_model
+
+    return load_model(str(trained_draft_path()), dtype="float32")
+
+
+def test_the_shipped_draft_has_the_target_vocabulary_and_a_small_output_head(target, trained_draft):
+    from specdecode.models.base import check_same_vocab
+
+    check_same_vocab(target.vocab, trained_draft.vocab)
+    assert trained_draft.eos_token_ids == target.eos_token_ids
+    kept = trained_draft.net.kept_ids
+    assert len(kept) < target.vocab.size and set(target.eos_token_ids) <= set(kept.tolist())
+
+
+@pytest.mark.parametrize("drafter", ["trained", "lookup+trained"])
+def test_greedy_with_the_trained_draft_equals_plain_greedy(target, trained_draft, drafter):
+    from specdecode import LookupThenModelDrafter
+
+    # A prompt like those the draft was trained on (Spec-Bench alpha is lower, see README).
+    ids = encode_prompt(target.tokenizer, "Write a short article about volcanoes.")
+    expected = tokens_of(autoregressive_decode(target, ids, params=GREEDY, max_new_tokens=40))
+    d = ModelDrafter(trained_draft)
+    steps = list(speculative_decode(target, d if drafter == "trained" else LookupThenModelDrafter(d), ids, gamma=4,
+                                    params=GREEDY, max_new_tokens=40))
+    assert tokens_of(steps) == expected
+    # The trained weights, not a random network (which is almost never accepted): drafts pay off.
+    assert sum(s.num_accepted for s in steps) >= 0.1 * sum(len(s.proposed) for s in steps)
+    assert len(steps) <= 0.85 * len(expected)
