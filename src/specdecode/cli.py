@@ -147,14 +147,14 @@ def _parser() -> argparse.ArgumentParser:
     dist.add_argument("--corpus", default=None,
                       help="corpus file: reused when it exists, else generated and written there "
                            "(default: OUT.corpus.npz)")
-    dist.add_argument("--data-minutes", type=float, default=25.0, help="time for generating the corpus (default 25)")
-    dist.add_argument("--train-minutes", type=float, default=60.0, help="training time (default 60)")
-    dist.add_argument("--layers", type=int, default=2)
+    dist.add_argument("--data-minutes", type=float, default=50.0, help="time for generating the corpus (default 50)")
+    dist.add_argument("--train-minutes", type=float, default=55.0, help="training time (default 55)")
+    dist.add_argument("--layers", type=int, default=3)
     dist.add_argument("--dim", type=int, default=256)
     dist.add_argument("--heads", type=int, default=4)
     dist.add_argument("--mlp-dim", type=int, default=768)
     dist.add_argument("--embed-dim", type=int, default=128, help="factorised input embedding size (default 128)")
-    dist.add_argument("--kept", type=int, default=8192, help="output vocabulary: the most used tokens (default 8192)")
+    dist.add_argument("--kept", type=int, default=12288, help="output vocabulary: the most used tokens (default 12288)")
     dist.add_argument("--window", type=int, default=1024, help="attention window in tokens (default 1024)")
     dist.add_argument("--lr", type=float, default=2e-3)
     dist.add_argument("--batch-tokens", type=int, default=8192, help="tokens per training batch (default 8192)")
