@@ -33,6 +33,7 @@ def distill(target, out: str | Path, corpus_path: str | Path, data_seconds: floa
         data_seconds_used = time.perf_counter() - start
         log(f"corpus written to {corpus_path}")
     torch.manual_seed(seed)
+    config = dict(config)  # the caller's dict stays as it was
     kept = choose_kept_ids(corpus, min(config.pop("kept"), target.vocab.size), always=target.eos_token_ids)
     coverage = kept_coverage(corpus, kept)
     log(f"kept vocabulary: {len(kept)} tokens cover {coverage:.2%} of the target's answer tokens")
