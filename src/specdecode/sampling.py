@@ -73,11 +73,13 @@ def check_logits(logits: torch.Tensor) -> None:
     """-inf marks a token a model cannot emit (probability 0, e.g. outside a draft's reduced
     vocabulary); NaN, +inf, or a row with every token at -inf make the output unusable."""
     top = logits.amax(-1)  # one pass: NaN propagates through max, +inf and all -inf show in it
-    if not torch.isfinite(top).all():
-        if torch.isnan(top).any() or torch.isposinf(top).any():
-            bad = "NaN" if torch.isnan(top).any() else "infinite"
-            raise ValueError(f"logits contain {bad} values; the model's output is not usable")
-        raise ValueError("logits are -inf for every token; the model's output is not usable")
+    if torch.isfinite(top).all():
+        return
+    if torch.isnan(top).any():
+        raise ValueError("logits contain NaN values; the model's output is not usable")
+    if torch.isposinf(top).any():
+        raise ValueError("logits contain infinite values; the model's output is not usable")
+    raise ValueError("logits are -inf for every token; the model's output is not usable")
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -17,13 +17,10 @@ def load_model(path: str | None = None, backend: str = "hf", dtype: str = "bfloa
     path = path or default_target_path()
     from .draftnet import is_draftnet, load_draftnet
 
-    if is_draftnet(path):  # a trained draft network runs on PyTorch, in float32, whatever the backend:
-        if threads:  # it is small enough that bf16 saves no time on a CPU
-            import torch
-
-            torch.set_num_threads(threads)
-        return load_draftnet(path, dtype="float32", device=device)
-    if backend == "llama.cpp":
+    # A trained draft network runs on PyTorch whatever the backend, in float32 (its wrapper keeps
+    # only the output head in bf16 on a CPU: the precision is chosen there, not by --dtype).
+    draftnet = is_draftnet(path)
+    if backend == "llama.cpp" and not draftnet:
         from .llamacpp import LlamaCppModel
 
         return LlamaCppModel(path, n_threads=threads, n_ctx=n_ctx)
@@ -33,4 +30,4 @@ def load_model(path: str | None = None, backend: str = "hf", dtype: str = "bfloa
 
     if threads:
         torch.set_num_threads(threads)
-    return load_hf(path, dtype=dtype, device=device)
+    return load_draftnet(path, device=device) if draftnet else load_hf(path, dtype=dtype, device=device)
