@@ -72,3 +72,28 @@ def test_render_colours_the_three_kinds_of_token():
     assert {"green", "red strike", "blue"} <= styles
     assert styled.plain == piece.accepted_text + piece.rejected_text + piece.target_text
     assert render_step(piece, color=False).plain == piece.accepted_text + piece.target_text
+
+
+def test_incremental_text_equals_decoding_everything_for_a_real_tokenizer():
+    """Multi-byte characters split across tokens, special tokens and random ids (broken UTF-8):
+    the windowed decoding gives exactly the full decoding at every length."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from specdecode.generate import IncrementalText
+    from specdecode.models.default import trained_draft_path
+
+    tokenizer = AutoTokenizer.from_pretrained(trained_draft_path())
+    text = "Héllo wörld! 你好，世界。 Emoji 🤖🎨 and code:\n    def f(x):\n        return x ** 2  # ☃\n<|im_end|> done"
+    rng = random.Random(0)
+    sequences = [tokenizer.encode(text)] + [[rng.randrange(len(tokenizer)) for _ in range(60)] for _ in range(20)]
+    for sequence in sequences:
+        tokens: list[int] = []
+        incremental = IncrementalText(tokenizer, tokens)
+        while len(tokens) < len(sequence):
+            tokens.extend(sequence[len(tokens) : len(tokens) + rng.randint(1, 5)])
+            for end in range(incremental.read, len(tokens) + 1):
+                assert incremental.upto(end) == tokenizer.decode(tokens[:end], skip_special_tokens=True)
+            incremental.advance(len(tokens))
+        assert incremental.read > len(tokens) // 2  # the window really slides

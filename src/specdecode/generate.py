@@ -129,15 +129,15 @@ def generate(
             max_new_tokens=max_new_tokens, lenience=lenience, seed=seed,
         )
     shown = ""  # text handed out so far
+    text = IncrementalText(tokenizer, stats.tokens)
     start = time.perf_counter()
     try:
         for step in steps:
             stats.add(step)
             stats.wall_seconds = time.perf_counter() - start
-            tokens = stats.tokens
-            split = len(tokens) - len(step.tokens) + step.num_accepted  # accepted | target token
-            with_accepted = _stable(tokenizer.decode(tokens[:split], skip_special_tokens=True), shown)
-            full = tokenizer.decode(tokens, skip_special_tokens=True)
+            split = len(stats.tokens) - len(step.tokens) + step.num_accepted  # accepted | target token
+            with_accepted = _stable(text.upto(split), shown)
+            full = text.upto(len(stats.tokens))
             finish = step.finish_reason
             cut = _find_stop(full, stop, max(0, len(shown) - max((len(s) for s in stop), default=0)))
             if cut is not None:
@@ -152,6 +152,7 @@ def generate(
                 finish_reason=finish,
             )
             shown = full if len(full) > len(shown) else shown
+            text.advance(len(stats.tokens))
             stats.finish_reason = finish
             yield piece
             if finish:
@@ -159,6 +160,43 @@ def generate(
     finally:
         stats.wall_seconds = time.perf_counter() - start
         steps.close()
+
+
+class IncrementalText:
+    """The text of a growing token list at a cost per call that does not grow with it.
+
+    Decoding is not concatenative token by token (a character can span tokens, and some tokenizers
+    drop or add a space depending on what precedes), so each call decodes a short window: the
+    tokens since the last-but-one `advance`, for left context, and the text they are known to
+    produce is subtracted (the scheme of vLLM's and TGI's incremental detokenisers). Where a
+    tokenizer breaks that assumption it falls back to decoding everything.
+    """
+
+    def __init__(self, tokenizer, tokens: list[int]) -> None:
+        self.tokenizer = tokenizer
+        self.tokens = tokens  # read, never written: the caller appends to it
+        self.prefix = 0  # the window starts here
+        self.read = 0  # text of tokens[:read] is known and final
+        self.read_text = ""
+
+    def _decode(self, ids) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def upto(self, end: int) -> str:
+        """Text of tokens[:end], for end >= the last `advance`."""
+        if end < self.read:
+            return self._decode(self.tokens[:end])
+        known = self._decode(self.tokens[self.prefix : self.read])
+        window = self._decode(self.tokens[self.prefix : end])
+        if not window.startswith(known):
+            return self._decode(self.tokens[:end])
+        return self.read_text + window[len(known):]
+
+    def advance(self, end: int) -> None:
+        """Fix the text of tokens[:end] (unless it ends inside a character) and slide the window."""
+        text = self.upto(end)
+        if end > self.read and not text.endswith("\ufffd"):
+            self.prefix, self.read, self.read_text = self.read, end, text
 
 
 def _stable(text: str, shown: str) -> str:
