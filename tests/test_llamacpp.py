@@ -51,6 +51,31 @@ def test_greedy_with_prompt_lookup_equals_plain_greedy(target, gamma):
     assert sum(s.num_accepted for s in steps) > 3  # copying from the prompt was accepted
 
 
+def test_one_forward_over_k_tokens_equals_k_single_steps_bit_for_bit(target):
+    """What makes speculative greedy output equal plain greedy output on this backend."""
+    ids = torch.tensor([encode_prompt(target.tokenizer, "The committee met on Tuesday to discuss")])
+    new = torch.tensor([[578, 4109, 2380, 288, 36484, 260, 4489, 1000, 2000, 3000, 4000, 5000]])
+    batched_cache = target.new_cache()
+    target.forward(ids, batched_cache, num_logits=1)
+    batched = target.forward(new, batched_cache)  # [1, 12, V]
+    single_cache = target.new_cache()
+    target.forward(ids, single_cache, num_logits=1)
+    singles = torch.cat([target.forward(new[:, i : i + 1], single_cache) for i in range(new.shape[1])], dim=1)
+    assert torch.equal(batched, singles)
+
+
+@pytest.mark.parametrize("prompt", ["Write a short story about a lighthouse keeper who finds a message in a bottle.",
+                                    "Give me three tips for learning to play the guitar."])
+def test_greedy_with_prompt_lookup_equals_plain_greedy_on_open_ended_prompts(target, prompt):
+    """Little to copy here, so most verifications reject: every rejection path must keep the
+    output on plain greedy's tokens (these drifted with batch-dependent attention numerics)."""
+    ids = encode_prompt(target.tokenizer, prompt)
+    expected = tokens_of(autoregressive_decode(target, ids, params=GREEDY, max_new_tokens=64))
+    steps = list(speculative_decode(target, PromptLookupDrafter(), ids, gamma=4, params=GREEDY, max_new_tokens=64))
+    assert tokens_of(steps) == expected
+    assert sum(len(s.rejected) for s in steps) > 0
+
+
 def test_greedy_with_adaptive_gamma_equals_plain_greedy(target):
     ids = encode_prompt(target.tokenizer, COPY_PROMPT)
     expected = tokens_of(autoregressive_decode(target, ids, params=GREEDY, max_new_tokens=40))
