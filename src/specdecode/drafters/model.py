@@ -7,12 +7,13 @@ from typing import Sequence
 import torch
 
 from ..models.base import Model
-from ..sampling import SamplingParams, sample
+from ..sampling import SamplingParams, draw, sample
 from .base import Draft
 
 
 class ModelDrafter:
-    """Samples gamma tokens autoregressively from the draft model's adjusted distribution q.
+    """Samples gamma tokens autoregressively from the draft model's adjusted distribution q
+    (greedy: its argmax, returned as a deterministic draft, q a point mass).
 
     Its cache follows the same invariant as the target's: it holds a prefix of the context, and
     `propose` first feeds whatever the cache has not seen yet (the tokens emitted since the last
@@ -44,25 +45,31 @@ class ModelDrafter:
             raise RuntimeError(f"the draft cache holds {len(self.cache)} positions for a context of {len(context)}: "
                                "its trim() did not roll back")
         logits = self.model.forward(torch.tensor([unseen]), self.cache, num_logits=1)[:, -1]  # [1, V]
+        greedy = self.params.is_greedy
         tokens, probs = [], []
         for i in range(gamma):
-            q = self.params.probs(logits)  # [1, V]
-            if i and self.min_confidence and self._confidence(logits, q) < self.min_confidence:
-                break
-            x = q.argmax(-1) if self.params.is_greedy else sample(q, self.generator)  # [1]; greedy q is one-hot
+            if greedy:  # q is a point mass on the argmax: the draft is deterministic, no [V] row needed
+                if i and self.min_confidence and self._confidence(logits, None) < self.min_confidence:
+                    break
+                x = draw(logits, self.params)  # [1]
+            else:
+                q = self.params.probs(logits)  # [1, V]
+                if i and self.min_confidence and self._confidence(logits, q) < self.min_confidence:
+                    break
+                x = sample(q, self.generator)  # [1]
+                probs.append(q)
             tokens.append(x)
-            probs.append(q)
             if i + 1 < gamma:  # the last draft token is fed only if it is accepted
                 logits = self.model.forward(x.view(1, 1), self.cache)[:, -1]
         self._proposed_from = len(context)
         if not tokens:
-            return Draft(torch.empty(1, 0, dtype=torch.long), torch.empty(1, 0, logits.shape[-1]))
-        return Draft(torch.stack(tokens, dim=1), torch.stack(probs, dim=1))  # [1, g], [1, g, V]
+            return Draft(torch.empty(1, 0, dtype=torch.long), None if greedy else torch.empty(1, 0, logits.shape[-1]))
+        return Draft(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)  # [1, g], [1, g, V]
 
-    def _confidence(self, logits: torch.Tensor, q: torch.Tensor) -> float:
-        """The draft's probability of its own next token; for greedy, of the unscaled argmax (q is
-        a point mass there and says nothing)."""
-        return float(torch.softmax(logits.float(), -1).max() if self.params.is_greedy else q.max())
+    def _confidence(self, logits: torch.Tensor, q: torch.Tensor | None) -> float:
+        """The draft's probability of its own next token; for greedy (q None: a point mass, which
+        says nothing), of the argmax under the unscaled logits."""
+        return float(torch.softmax(logits.float(), -1).max() if q is None else q.max())
 
     def accept(self, num_accepted: int) -> None:
         # The cache holds the context plus the first gamma-1 drafts; keep the accepted ones only.
