@@ -51,9 +51,10 @@ def test_greedy_with_prompt_lookup_equals_plain_greedy(target, gamma):
     assert sum(s.num_accepted for s in steps) > 3  # copying from the prompt was accepted
 
 
-def test_one_forward_over_k_tokens_equals_k_single_steps_bit_for_bit(target):
+@pytest.mark.parametrize("context", [20, 600])  # 600: past the 512 cells where llama.cpp splits a single query
+def test_one_forward_over_k_tokens_equals_k_single_steps_bit_for_bit(target, context):
     """What makes speculative greedy output equal plain greedy output on this backend."""
-    ids = torch.tensor([encode_prompt(target.tokenizer, "The committee met on Tuesday to discuss")])
+    ids = torch.tensor([[1000 + (7 * i) % 5000 for i in range(context)]])
     new = torch.tensor([[578, 4109, 2380, 288, 36484, 260, 4489, 1000, 2000, 3000, 4000, 5000]])
     batched_cache = target.new_cache()
     target.forward(ids, batched_cache, num_logits=1)

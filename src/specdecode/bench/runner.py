@@ -85,8 +85,8 @@ def llamacpp_generate(target, ids: list[int], params: SamplingParams, max_new_to
         draft = LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup) if prompt_lookup else None
         anchors[prompt_lookup] = Llama(target.path, n_ctx=target.max_positions, n_batch=target.n_batch,
                                        n_threads=target.n_threads, n_threads_batch=target.n_threads,
-                                       flash_attn=target.flash_attn, draft_model=draft, logits_all=draft is not None,
-                                       verbose=False)
+                                       draft_model=draft, logits_all=draft is not None, verbose=False,
+                                       **target.context_options)  # the same numerics as the model under test
         # (llama-cpp-python sizes its logits buffer from logits_all, not from draft_model: pass both)
     llm = anchors[prompt_lookup]
     llm.reset()  # generate() would otherwise reuse the KV cache of a previous run on the same prompt
