@@ -1,6 +1,7 @@
 """The decode loop on toy models: greedy identity, stopping, errors, the step stream."""
 
 import pytest
+import torch
 
 from specdecode import (ModelDrafter, PromptLookupDrafter, SamplingParams, autoregressive_decode,
                         speculative_decode)
@@ -163,3 +164,25 @@ def test_draft_confidence_stops_proposals_early_and_keeps_greedy_output():
     assert min(lengths) >= 1 and min(lengths) < 6  # some proposals were cut short by the draft itself
     with pytest.raises(ValueError, match="min_confidence"):
         ModelDrafter(draft, min_confidence=1.0)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0), SamplingParams(temperature=0.8, top_k=5)])
+def test_a_step_with_nothing_to_verify_scores_the_shadow_proposal_like_the_verifier(params):
+    """With gamma = 0 the loop skips the verifier; the shadow proposal's beta must still be
+    sum_x min(p, q), for a point-mass proposal and for a proposal with its own q."""
+    from specdecode.decode import _plain_step
+    from specdecode.drafters.base import Draft
+    from specdecode.verify import acceptance
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, 12, generator=gen) * 2  # [1, V]
+    p = params.probs(logits)[0]  # [V]
+    q = torch.softmax(torch.randn(12, generator=gen), -1)  # [V]
+    for token in range(12):
+        point = Draft(torch.tensor([[token]]))
+        spread = Draft(torch.tensor([[token]]), q.view(1, 1, 12))
+        for shadow, expected in ((point, p[token]), (spread, acceptance(p, q))):
+            new, betas = _plain_step(logits, params, torch.Generator().manual_seed(1), shadow)
+            assert len(new) == 1 and betas == pytest.approx([float(expected)], abs=1e-6)
+    new, betas = _plain_step(logits, params, torch.Generator().manual_seed(1), None)
+    assert betas == [] and (not params.is_greedy or new == [int(logits.argmax())])

@@ -19,7 +19,7 @@ import torch
 from .adaptive import AdaptiveGamma
 from .drafters.base import Draft, Drafter
 from .models.base import Model, check_same_vocab
-from .sampling import SamplingParams, draw
+from .sampling import SamplingParams, draw, sample
 from .verify import acceptance, verify
 
 
@@ -140,18 +140,20 @@ def speculative_decode(
         unseen = torch.tensor([context[len(cache):]])  # [1, u]
         tokens = torch.cat([unseen, draft.tokens], dim=1)  # [1, u+g]
         logits = target.forward(tokens, cache, num_logits=g + 1)  # [1, g+1, V]
-        target_probs = params.probs(logits)  # [1, g+1, V]
-        t2 = time.perf_counter()
-
-        # 3. Speculative sampling: keep n draft tokens, add one corrected or bonus token.
-        draft_probs = match_vocab(draft.probs, target_probs.shape[-1])
-        verdict = verify(draft.tokens, draft_probs, target_probs, gen, lenience)
-        n = int(verdict.num_accepted[0])
-        new = verdict.emitted(0)
-        if shadow_draft is None:
-            betas = _betas(draft, draft_probs, target_probs, n)
+        if g == 0:  # nothing to verify: the one token is drawn exactly as plain decoding draws it
+            new, betas = _plain_step(logits[:, -1], params, gen, shadow_draft)
+            n = 0
+            t2 = time.perf_counter()
         else:
-            betas = _betas(shadow_draft, match_vocab(shadow_draft.probs, target_probs.shape[-1]), target_probs, 0)
+            target_probs = params.probs(logits)  # [1, g+1, V]
+            t2 = time.perf_counter()
+
+            # 3. Speculative sampling: keep n draft tokens, add one corrected or bonus token.
+            draft_probs = match_vocab(draft.probs, target_probs.shape[-1])
+            verdict = verify(draft.tokens, draft_probs, target_probs, gen, lenience)
+            n = int(verdict.num_accepted[0])
+            new = verdict.emitted(0)
+            betas = _betas(draft, draft_probs, target_probs, n)
 
         # 4. Roll back: the target cache now holds context + g drafts; keep context + n accepted.
         #    The extra token is the newest context token: it is fed with the next draft. When all g
@@ -208,6 +210,27 @@ def autoregressive_decode(
         if finish:
             return
         tokens = torch.tensor([[token]])
+
+
+def _plain_step(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator,
+                shadow: Draft | None) -> tuple[list[int], list[float]]:
+    """One token from logits [1, V] with no draft to verify (speculative sampling with gamma = 0
+    reduces to this: the same token, the same random draw as `draw`), and the shadow proposal's
+    acceptance probability when there is one. Skips the verifier's full-vocabulary bookkeeping,
+    which costs a noticeable share of a fast target's step."""
+    if params.is_greedy:  # p is a point mass on `token`: beta = sum_x min(p, q) = q(token)
+        token = int(draw(logits, params))
+        if shadow is None or shadow.gamma == 0:
+            return [token], []
+        if shadow.probs is None:  # q a point mass too
+            return [token], [float(int(shadow.tokens[0, 0]) == token)]
+        q = shadow.probs[0, 0]  # [V']
+        return [token], [float(q[token]) if token < q.shape[-1] else 0.0]
+    probs = params.probs(logits).unsqueeze(1)  # [1, 1, V]
+    token = int(sample(probs[:, 0], gen))
+    if shadow is None or shadow.gamma == 0:
+        return [token], []
+    return [token], _betas(shadow, match_vocab(shadow.probs, probs.shape[-1]), probs, 0)
 
 
 def _betas(draft: Draft, draft_probs: torch.Tensor | None, target_probs: torch.Tensor, n: int) -> list[float]:
