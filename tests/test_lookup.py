@@ -32,3 +32,25 @@ def test_no_match_proposes_nothing():
 def test_min_ngram_limits_matches():
     assert proposal([9, 1, 2, 9], 2, min_ngram=2) == []
     assert proposal([9, 1, 2, 9], 2) == [1, 2]
+
+
+def reference_proposal(context, gamma, max_ngram=3, min_ngram=1):
+    """The definition, by brute force: longest suffix n-gram, its most recent earlier occurrence."""
+    for n in range(min(max_ngram, len(context) - 1), min_ngram - 1, -1):
+        starts = [s for s in range(len(context) - n) if context[s : s + n] == context[-n:]]
+        if starts:
+            return context[starts[-1] + n : starts[-1] + n + gamma]
+    return []
+
+
+def test_the_incremental_index_agrees_with_the_definition_as_the_context_grows_and_changes():
+    import random
+
+    rng = random.Random(0)
+    drafter = PromptLookupDrafter()
+    for trial in range(30):
+        context = [rng.randrange(6) for _ in range(rng.randrange(1, 20))]  # often a new, unrelated context
+        for _ in range(25):
+            gamma = rng.randrange(0, 6)
+            assert drafter.propose(context, gamma).tokens[0].tolist() == reference_proposal(context, gamma)
+            context = context + [rng.randrange(6) for _ in range(rng.randrange(1, 4))]

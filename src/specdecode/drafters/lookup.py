@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
 import torch
 
 from ..sampling import SamplingParams
@@ -16,7 +15,13 @@ from .base import Draft
 
 class PromptLookupDrafter:
     """Find the most recent earlier occurrence of the context's last n tokens (longest n first,
-    from max_ngram down to min_ngram) and propose the tokens that followed it."""
+    from max_ngram down to min_ngram) and propose the tokens that followed it.
+
+    An index from each n-gram to its latest start is kept up to date as the context grows, so a
+    proposal costs a few dictionary lookups whatever the context length (a fast target's step is a
+    few milliseconds; rescanning a long prompt at every step was a visible share of it). `reset`
+    starts a new index; so does a context that is visibly not a continuation of the last one.
+    """
 
     vocab = None  # it only copies the context's own (target) token ids
 
@@ -25,20 +30,34 @@ class PromptLookupDrafter:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
+        self._forget()
+
+    def _forget(self) -> None:
+        self._ids: list[int] = []  # the context indexed so far
+        self._last: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
 
     def reset(self, params: SamplingParams, generator: torch.Generator | None) -> None:
-        pass  # stateless
+        self._forget()
+
+    def _update(self, context: Sequence[int]) -> None:
+        ids = self._ids
+        T = len(ids)
+        if len(context) < T or any(context[i] != ids[i] for i in {0, T // 2, T - 1} if T):
+            self._forget()  # not a continuation (as far as three spot checks tell): index it from scratch
+            ids, T = self._ids, 0
+        ids.extend(int(t) for t in context[T:])
+        for n, last in self._last.items():
+            # n-grams that end before the final token: starts s <= len(ids) - 1 - n
+            for s in range(max(0, T - n), len(ids) - n):
+                last[tuple(ids[s : s + n])] = s
 
     def propose(self, context: Sequence[int], gamma: int) -> Draft:
-        ids = np.asarray(context, dtype=np.int64)
+        self._update(context)
+        ids = self._ids
         for n in range(min(self.max_ngram, len(ids) - 1), self.min_ngram - 1, -1):
-            pattern = ids[-n:]
-            windows = np.lib.stride_tricks.sliding_window_view(ids[:-1], n)  # [T-n, n]; excludes the suffix itself
-            starts = np.flatnonzero((windows == pattern).all(axis=1))
-            if starts.size:
-                begin = int(starts[-1]) + n  # most recent match: the likeliest to continue the same way
-                proposal = ids[begin : begin + gamma]
-                return Draft(torch.from_numpy(proposal.copy()).unsqueeze(0))
+            start = self._last[n].get(tuple(ids[-n:]))
+            if start is not None:  # the most recent match: the likeliest to continue the same way
+                return Draft(torch.tensor([ids[start + n : start + n + gamma]], dtype=torch.long))
         return Draft(torch.empty(1, 0, dtype=torch.long))
 
     def accept(self, num_accepted: int) -> None:
