@@ -10,8 +10,8 @@ Batch invariance. Speculative greedy output equals plain greedy output only if a
 tokens computes each position's logits exactly as k single steps would. llama.cpp's CPU kernels
 do not by default: without flash attention batched attention rounds differently (logits differ
 by up to ~0.9, enough to flip near-tied argmaxes), and with flash attention a single query over
-512+ cached cells of an F16/F32 cache splits the keys across threads (split-KV), a different
-summation order than the batched path. So by default (`batch_invariant=True`) the context runs
+an F16/F32 cache view of 512+ cells (past ~256 cached positions) splits the keys across threads
+(split-KV), a different summation order than the batched path. So by default (`batch_invariant=True`) the context runs
 flash attention with keys cached as Q8_0 and values as F16: no split path, and every position's
 logits are bit-identical however the tokens are batched (tested up to 3,000 cached positions and
 16-token batches). Measured here, a step costs the same as with llama.cpp's F16 cache, and its
