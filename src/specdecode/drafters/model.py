@@ -48,17 +48,14 @@ class ModelDrafter:
         greedy = self.params.is_greedy
         tokens, probs = [], []
         for i in range(gamma):
-            if greedy:  # q is a point mass on the argmax: the draft is deterministic, no [V] row needed
-                if i and self.min_confidence and self._confidence(logits, None) < self.min_confidence:
-                    break
-                x = draw(logits, self.params)  # [1]
-            else:
-                q = self.params.probs(logits)  # [1, V]
-                if i and self.min_confidence and self._confidence(logits, q) < self.min_confidence:
-                    break
-                x = sample(q, self.generator)  # [1]
-                probs.append(q)
+            # greedy: q is a point mass on the argmax, the draft is deterministic, no [V] row needed
+            q = None if greedy else self.params.probs(logits)  # [1, V]
+            if i and self.min_confidence and self._confidence(logits, q) < self.min_confidence:
+                break
+            x = draw(logits, self.params) if q is None else sample(q, self.generator)  # [1]
             tokens.append(x)
+            if q is not None:
+                probs.append(q)
             if i + 1 < gamma:  # the last draft token is fed only if it is accepted
                 logits = self.model.forward(x.view(1, 1), self.cache)[:, -1]
         self._proposed_from = len(context)
