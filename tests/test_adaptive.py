@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from specdecode import ModelDrafter, PromptLookupDrafter, SamplingParams, autoregressive_decode, speculative_decode
-from specdecode.adaptive import AdaptiveGamma
-from specdecode.analysis.formulas import optimal_gamma
+from specdecode.formulas import optimal_gamma
+from specdecode.gamma import AdaptiveGamma
 from stats import chi2_pvalue
 from toy import ToyModel, sequence_distribution
 

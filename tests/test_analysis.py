@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from specdecode.analysis import (d_lk, expected_tokens, hardware_speedup, operations_increase, optimal_gamma,
+from specdecode.formulas import (d_lk, expected_tokens, hardware_speedup, operations_increase, optimal_gamma,
                                  speedup, verify_curve)
 
 # The paper's table for c = c_hat = 0: (alpha, gamma) -> (operations increase, speedup)
@@ -88,7 +88,7 @@ def cli(*args):
 
 
 def test_analyze_command_prints_the_formulas_and_optimal_gamma():
-    result = cli("--alpha", "0.9", "--cost", "0.01", "--gamma", "10")
+    result = cli("--alpha", "0.9", "--cost-ratio", "0.01", "--gamma", "10")
     assert result.returncode == 0, result.stderr
     assert "optimal gamma: 24 (speedup 7.49x)" in result.stdout
     record = json.loads(cli("--alpha", "0.8", "--gamma", "5", "--json").stdout)
@@ -97,13 +97,13 @@ def test_analyze_command_prints_the_formulas_and_optimal_gamma():
 
 def test_analyze_with_a_verification_curve_and_a_plot(tmp_path):
     out = tmp_path / "figures.png"
-    result = cli("--alpha", "0.7", "--cost", "0.05", "--verify-curve", "1,1.5,2,2.5,3", "--plot", str(out), "--json")
+    result = cli("--alpha", "0.7", "--cost-ratio", "0.05", "--verify-curve", "1,1.5,2,2.5,3", "--plot", str(out), "--json")
     record = json.loads(result.stdout)
     assert record["optimal_gamma_hw"] < record["optimal_gamma"]
     assert out.stat().st_size > 20_000 and out.read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.parametrize("args, message", [(["--alpha", "1.5"], "--alpha"), (["--alpha", "0.5", "--cost", "-1"], "--cost"),
+@pytest.mark.parametrize("args, message", [(["--alpha", "1.5"], "--alpha"), (["--alpha", "0.5", "--cost-ratio", "-1"], "--cost"),
                                            (["--alpha", "0.5", "--verify-curve", "1,x"], "--verify-curve")])
 def test_analyze_bad_input(args, message):
     result = cli(*args)

@@ -32,7 +32,8 @@ def test_greedy_speculative_equals_greedy_autoregressive(gamma, drafter_kind):
     assert tokens_of(steps) == expected
     assert len(expected) == 40
     assert any(step.num_accepted > 0 for step in steps)  # the draft really contributed
-    assert len(steps) < 40 or drafter_kind == "lookup"
+    for step in steps[:-1]:  # every call but the last (cut at the limit) adds exactly one target token
+        assert len(step.tokens) == step.num_accepted + 1
 
 
 def test_each_step_is_one_target_call_with_one_to_gamma_plus_one_tokens():
@@ -46,7 +47,6 @@ def test_each_step_is_one_target_call_with_one_to_gamma_plus_one_tokens():
         assert step.proposed[: step.num_accepted] == step.tokens[: step.num_accepted]
         if step.rejected:
             assert step.rejected[0] != step.tokens[step.num_accepted]  # greedy: the correction differs
-        assert step.draft_seconds >= 0 and step.target_seconds > 0
 
 
 def test_max_new_tokens_is_exact_and_no_draft_is_wasted_past_it():
@@ -182,7 +182,7 @@ def test_a_step_with_nothing_to_verify_scores_the_shadow_proposal_like_the_verif
         point = Draft(torch.tensor([[token]]))
         spread = Draft(torch.tensor([[token]]), q.view(1, 1, 12))
         for shadow, expected in ((point, p[token]), (spread, acceptance(p, q))):
-            new, betas = _plain_step(logits, params, torch.Generator().manual_seed(1), shadow)
+            new, _, betas = _plain_step(logits, params, torch.Generator().manual_seed(1), shadow)
             assert len(new) == 1 and betas == pytest.approx([float(expected)], abs=1e-6)
-    new, betas = _plain_step(logits, params, torch.Generator().manual_seed(1), None)
+    new, _, betas = _plain_step(logits, params, torch.Generator().manual_seed(1), None)
     assert betas == [] and (not params.is_greedy or new == [int(logits.argmax())])

@@ -1,4 +1,4 @@
-"""`specdecode generate`: speculative decoding from the command line."""
+"""The command line: `specdecode generate | analyze | alpha | profile | bench | ngram fit | distill`."""
 
 from __future__ import annotations
 
@@ -7,10 +7,7 @@ import json
 import os
 import sys
 
-LOOKUP = "lookup"
-TRAINED = "trained"
-HYBRID = "lookup+"  # lookup+MODEL: prompt lookup on repeats, the model elsewhere
-NGRAM = "ngram:"
+from .drafters.spec import LOOKUP
 
 
 def _gamma_arg(value: str):
@@ -26,8 +23,8 @@ def _gamma_policy(gamma, max_gamma: int, target):
     """A fixed gamma as it is; 'auto' becomes an AdaptiveGamma fed by the target's (cached) profile."""
     if gamma != "auto":
         return gamma
-    from .adaptive import AdaptiveGamma
     from .analysis.measure import profile_model
+    from .gamma import AdaptiveGamma
 
     return AdaptiveGamma(profile_model(target).verify_ratios, max_gamma=max_gamma)
 
@@ -91,8 +88,10 @@ def _parser() -> argparse.ArgumentParser:
 
     ana = commands.add_parser("analyze", help="the paper's formulas for given alpha and cost ratio c")
     ana.add_argument("--alpha", type=float, required=True, help="expected acceptance rate, in [0, 1]")
-    ana.add_argument("--cost", type=float, default=0.0, help="cost ratio c = draft step / target step (default 0)")
-    ana.add_argument("--ops-cost", type=float, default=None, help="c_hat for the operations formula (default: --cost)")
+    ana.add_argument("--cost-ratio", type=float, default=0.0,
+                     help="cost ratio c = draft step / target step (default 0)")
+    ana.add_argument("--ops-ratio", type=float, default=None,
+                     help="c_hat, the same ratio in arithmetic operations (default: --cost-ratio)")
     ana.add_argument("--gamma", type=int, nargs="+", default=[1, 2, 3, 4, 5, 7, 10], help="gammas to tabulate")
     ana.add_argument("--max-gamma", type=int, default=64, help="search bound for the optimal gamma")
     ana.add_argument("--verify-curve", default=None,
@@ -132,6 +131,19 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--anchor-lookup-tokens", type=int, default=10,
                        help="tokens the anchors' own prompt lookup proposes (default 10)")
     bench.add_argument("--out", default="benchmarks/results/latest", help="output directory")
+    serve = commands.add_parser("serve", parents=[_model_options()],
+                                help="an OpenAI-compatible HTTP server with speculative decoding")
+    serve.add_argument("--also-draft", action="append", default=[], metavar="SPEC",
+                       help="another drafter requests may pick with specdecode.draft (repeatable; --draft is the default)")
+    serve.add_argument("--gamma", type=_gamma_arg, default=4, help="default draft length, or 'auto' (default 4)")
+    serve.add_argument("--max-gamma", type=int, default=8, help="upper bound for 'auto' (default 8)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--model-name", default=None, help="the model id clients send (default: the target's file name)")
+    serve.add_argument("--max-queue", type=int, default=16, help="requests that may wait behind the running one (default 16)")
+    serve.add_argument("--max-tokens", type=int, default=1024, help="largest max_tokens a request may ask for (default 1024)")
+    serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
+
     ngram = commands.add_parser("ngram", help="n-gram drafters")
     ngram_commands = ngram.add_subparsers(dest="ngram_command", required=True)
     fit = ngram_commands.add_parser("fit", parents=[_model_options(with_draft=False)],
@@ -171,36 +183,25 @@ def _load_target(args):
 
 
 def _load_draft_model(path: str, args, target):
-    from .models.base import check_same_vocab
-    from .models.load import load_model
+    from .drafters.spec import load_draft_model
 
-    if path == TRAINED:
-        from .models.default import trained_draft_path
+    return load_draft_model(path, target, getattr(args, "draft_backend", None) or args.backend, args.dtype,
+                            args.device, args.threads)
 
-        path = str(trained_draft_path())
-    backend = getattr(args, "draft_backend", None) or args.backend
-    draft = load_model(path, backend, args.dtype, args.device, args.threads)
-    check_same_vocab(target.vocab, draft.vocab)
-    return draft
+
+def _draft_spec(args):
+    from .drafters.spec import DraftSpec
+
+    return DraftSpec(args.draft, args.draft_backend, args.min_draft_confidence)
 
 
 def _load_drafter(args, target):
-    from .drafters import ModelDrafter, PromptLookupDrafter
+    from .drafters.spec import make_drafter
 
     if getattr(args, "baseline", False):
         return None
-    if args.draft == LOOKUP:
-        return PromptLookupDrafter()
-    if args.draft.startswith(NGRAM):
-        from .drafters.ngram import NgramDrafter
-
-        return NgramDrafter.load(args.draft[len(NGRAM):])
-    if args.draft.startswith(HYBRID):
-        from .drafters import LookupThenModelDrafter
-
-        model = _load_draft_model(args.draft[len(HYBRID):], args, target)
-        return LookupThenModelDrafter(ModelDrafter(model, min_confidence=args.min_draft_confidence))
-    return ModelDrafter(_load_draft_model(args.draft, args, target), min_confidence=args.min_draft_confidence)
+    return make_drafter(_draft_spec(args), target, backend=args.backend, dtype=args.dtype, device=args.device,
+                        threads=args.threads)
 
 
 def _params(args):
@@ -210,26 +211,29 @@ def _params(args):
 
 
 def _positive(name: str, value: int) -> None:
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+    from .options import check_positive
+
+    check_positive(name, value)
 
 
 def cmd_generate(args) -> int:
     from rich.console import Console
 
-    from .generate import Stats, encode_prompt, generate
+    from .options import check_gamma, check_lenience, check_max_new_tokens, check_prompt_text, check_stop
     from .render import format_summary, render_step
+    from .stats import Stats
+    from .text import encode_prompt, generate
 
     # Validate everything cheap before loading any model.
     params = _params(args)
-    if args.gamma != "auto" and args.gamma < 0:
-        raise ValueError(f"--gamma must be >= 0, got {args.gamma}")
+    if args.gamma != "auto":
+        check_gamma(args.gamma, "--gamma")
     _positive("--max-gamma", args.max_gamma)
-    if not (0.0 < args.lenience <= 1.0):
-        raise ValueError(f"--lenience must be in (0, 1], got {args.lenience}")
-    _positive("--max-new-tokens", args.max_new_tokens)
-    if not args.prompt.strip():
-        raise ValueError("the prompt is empty")
+    check_lenience(args.lenience, "--lenience")
+    check_max_new_tokens(args.max_new_tokens, "--max-new-tokens")
+    check_prompt_text(args.prompt)
+    check_stop(args.stop)
+    _draft_spec(args)
 
     target = _load_target(args)
     drafter = _load_drafter(args, target)
@@ -293,39 +297,38 @@ def cmd_analyze(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from .analysis.formulas import (expected_tokens, hardware_speedup, operations_increase, optimal_gamma,
-                                    speedup)
+    from .formulas import expected_tokens, hardware_speedup, operations_increase, optimal_gamma, speedup
 
-    alpha, cost = args.alpha, args.cost
-    ops_cost = cost if args.ops_cost is None else args.ops_cost
+    alpha, cost_ratio = args.alpha, args.cost_ratio
+    ops_ratio = cost_ratio if args.ops_ratio is None else args.ops_ratio
     if not (0.0 <= alpha <= 1.0):
         raise ValueError(f"--alpha must be in [0, 1], got {alpha}")
-    if cost < 0 or ops_cost < 0:
-        raise ValueError(f"--cost and --ops-cost must be >= 0, got {cost} and {ops_cost}")
+    if not (cost_ratio >= 0 and ops_ratio >= 0):
+        raise ValueError(f"--cost-ratio and --ops-ratio must be >= 0, got {cost_ratio} and {ops_ratio}")
     if any(g < 0 for g in args.gamma):
         raise ValueError(f"--gamma values must be >= 0, got {args.gamma}")
     _positive("--max-gamma", args.max_gamma)
     curve = _verify_curve(args.verify_curve)
     rows = []
     for g in args.gamma:
-        row = dict(gamma=g, expected_tokens=expected_tokens(alpha, g), speedup=speedup(alpha, g, cost),
-                   operations_increase=operations_increase(alpha, g, ops_cost))
+        row = dict(gamma=g, expected_tokens=expected_tokens(alpha, g), speedup=speedup(alpha, g, cost_ratio),
+                   operations_increase=operations_increase(alpha, g, ops_ratio))
         if curve:
-            row["speedup_hw"] = hardware_speedup(alpha, g, cost, curve)
+            row["speedup_hw"] = hardware_speedup(alpha, g, cost_ratio, curve)
         rows.append(row)
-    best_gamma, best_speedup = optimal_gamma(alpha, cost, args.max_gamma)
-    result = dict(alpha=alpha, cost=cost, ops_cost=ops_cost, rows=rows,
+    best_gamma, best_speedup = optimal_gamma(alpha, cost_ratio, args.max_gamma)
+    result = dict(alpha=alpha, cost_ratio=cost_ratio, ops_ratio=ops_ratio, rows=rows,
                   optimal_gamma=best_gamma, optimal_speedup=best_speedup)
     if curve:
-        result["optimal_gamma_hw"], result["optimal_speedup_hw"] = optimal_gamma(alpha, cost, args.max_gamma, curve)
+        result["optimal_gamma_hw"], result["optimal_speedup_hw"] = optimal_gamma(alpha, cost_ratio, args.max_gamma, curve)
     if args.plot:
         from .analysis.plots import plot_analysis
 
-        result["plot"] = str(plot_analysis(args.plot, cost=cost if cost > 0 else 0.05, alpha=alpha))
+        result["plot"] = str(plot_analysis(args.plot, cost_ratio=cost_ratio if cost_ratio > 0 else 0.05, alpha=alpha))
     if args.json:
         print(json.dumps(result))
         return 0
-    table = Table(title=f"alpha = {alpha}, c = {cost}, c_hat = {ops_cost}")
+    table = Table(title=f"alpha = {alpha}, c = {cost_ratio}, c_hat = {ops_ratio}")
     for column in ["gamma", "expected tokens/iteration", "speedup", "ops increase"] + (["speedup with T(k)"] if curve else []):
         table.add_column(column, justify="right")
     for row in rows:
@@ -345,7 +348,7 @@ def cmd_analyze(args) -> int:
 
 def _load_prompt_ids(args, tokenizer):
     from .bench.prompts import load_prompts
-    from .generate import encode_prompt
+    from .text import encode_prompt
 
     prompts = load_prompts(args.prompts, args.categories, args.per_category)
     return prompts, [encode_prompt(tokenizer, p.text) for p in prompts]
@@ -471,6 +474,44 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from pathlib import Path
+
+    import uvicorn
+
+    from .drafters.spec import DraftSpec
+    from .options import check_gamma
+    from .server.app import create_app
+    from .server.engine import Engine
+    from .server.request import Limits
+
+    if args.gamma != "auto":
+        check_gamma(args.gamma, "--gamma")
+    for name in ("max_gamma", "max_tokens", "max_body_bytes"):
+        _positive("--" + name.replace("_", "-"), getattr(args, name))
+    if args.max_queue < 0:
+        raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    drafts = {spec: spec for spec in [args.draft, *args.also_draft]}
+    for spec in drafts:
+        DraftSpec(spec)
+    target = _load_target(args)
+    engine = Engine(target, drafts, args.draft, gamma=args.gamma, max_gamma=args.max_gamma, max_queue=args.max_queue,
+                    backend=args.draft_backend or args.backend, dtype=args.dtype, device=args.device,
+                    threads=args.threads)
+    name = args.model_name or Path(target.name).name.removesuffix(".gguf")
+    app = create_app(engine, name, Limits(max_tokens=args.max_tokens, default_max_tokens=min(256, args.max_tokens),
+                                          max_gamma=max(16, args.max_gamma)), args.max_body_bytes)
+    print(f"specdecode: serving {name} (drafts: {', '.join(drafts)}; gamma {args.gamma}) on "
+          f"http://{args.host}:{args.port}/v1", flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        engine.close()
+    return 0
+
+
 def cmd_ngram(args) -> int:
     from .bench.prompts import load_prompts
     from .drafters.ngram import NgramDrafter
@@ -530,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
 
         hf_logging.disable_progress_bar()
         commands = {"generate": cmd_generate, "analyze": cmd_analyze, "alpha": cmd_alpha, "profile": cmd_profile,
-                    "bench": cmd_bench, "ngram": cmd_ngram, "distill": cmd_distill}
+                    "bench": cmd_bench, "serve": cmd_serve, "ngram": cmd_ngram, "distill": cmd_distill}
         return commands[args.command](args)
     except (ValueError, FileNotFoundError, OSError, ImportError) as err:
         print(f"specdecode: error: {err}", file=sys.stderr)

@@ -16,11 +16,12 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .adaptive import AdaptiveGamma
 from .drafters.base import Draft, Drafter
+from .gamma import GammaPolicy, as_policy
 from .models.base import Model, check_same_vocab
-from .sampling import SamplingParams, draw, sample
-from .verify import acceptance, verify
+from .options import check_lenience, check_max_new_tokens, check_prompt_ids
+from .sampling import SamplingParams, draw, make_generator, sample
+from .verify import draft_acceptance, match_vocab, verify
 
 
 @dataclass
@@ -32,10 +33,10 @@ class Step:
     proposed: list[int] = field(default_factory=list)  # the draft's whole proposal
     # beta_i = sum_x min(p_i, q_i) at each draft position whose prefix the target kept (positions
     # 0..num_accepted, at most gamma): the exact acceptance probability there, for estimating alpha.
-    # With adaptive gamma switched off, the one shadow proposal's beta.
+    # With speculation switched off, the one shadow proposal's beta.
     betas: list[float] = field(default_factory=list)
     draft_seconds: float = 0.0
-    target_seconds: float = 0.0
+    target_seconds: float = 0.0  # the target call and the sampling from its logits
     finish_reason: str | None = None  # "eos" or "length" on the last step, else None
 
     @property
@@ -48,26 +49,13 @@ class Step:
         return self.proposed[self.num_accepted :] if self.num_accepted < len(self.tokens) else []
 
 
-_NO_DRAFT = Draft(torch.empty(1, 0, dtype=torch.long))
-
-
-def make_generator(seed: int | None, generator: torch.Generator | None = None) -> torch.Generator:
-    if generator is not None:
-        return generator
-    gen = torch.Generator()
-    if seed is None:
-        gen.seed()
-    else:
-        gen.manual_seed(seed)
-    return gen
+NO_DRAFT = Draft(torch.empty(1, 0, dtype=torch.long))
 
 
 def _check_request(model: Model, prompt: Sequence[int], max_new_tokens: int) -> None:
-    if len(prompt) == 0:
-        raise ValueError("the prompt has no tokens; at least one is needed to condition on")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    limit = getattr(model, "max_positions", None)
+    check_prompt_ids(prompt)
+    check_max_new_tokens(max_new_tokens)
+    limit = model.max_positions
     if limit and len(prompt) >= limit:
         raise ValueError(f"the prompt has {len(prompt)} tokens; the model's context holds at most {limit}")
 
@@ -89,7 +77,7 @@ def speculative_decode(
     drafter: Drafter,
     prompt: Sequence[int],
     *,
-    gamma: int | AdaptiveGamma = 4,
+    gamma: int | GammaPolicy = 4,
     params: SamplingParams = SamplingParams(),
     max_new_tokens: int = 128,
     lenience: float = 1.0,
@@ -97,16 +85,13 @@ def speculative_decode(
     generator: torch.Generator | None = None,
     eos_token_ids: Sequence[int] | None = None,
 ) -> Iterator[Step]:
-    """Speculative decoding: each iteration drafts up to gamma tokens and verifies them in one
-    target call, yielding 1..gamma+1 tokens distributed exactly as the target's own samples
-    (for lenience = 1). `gamma` is a fixed draft length or an `AdaptiveGamma` policy that picks
-    one per iteration."""
+    """Speculative decoding (Algorithm 1): each iteration drafts up to gamma tokens and verifies
+    them in one target call, yielding 1..gamma+1 tokens distributed exactly as the target's own
+    samples (for lenience = 1). `gamma` is a fixed draft length or a policy (`gamma.AdaptiveGamma`)
+    that plans one per iteration."""
     _check_request(target, prompt, max_new_tokens)
-    policy = gamma if isinstance(gamma, AdaptiveGamma) else None
-    if policy is None and (isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0):
-        raise ValueError(f"gamma must be an integer >= 0 or an AdaptiveGamma, got {gamma!r}")
-    if not (0.0 < lenience <= 1.0):
-        raise ValueError(f"lenience must be in (0, 1] (1 = exact), got {lenience!r}")
+    policy = as_policy(gamma)
+    check_lenience(lenience)
     if drafter.vocab is not None:
         check_same_vocab(target.vocab, drafter.vocab)
     eos = frozenset(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
@@ -118,67 +103,85 @@ def speculative_decode(
 
     emitted = 0
     while True:
-        # 1. Draft. Never past the length limit or the context window: those tokens would be thrown away.
+        # 1. Plan: never draft past the length limit or the context window (those tokens would be
+        #    thrown away). With speculation off, a policy may ask for a one-token "shadow" proposal,
+        #    scored against the target but not verified, to learn when drafting would pay again.
         room = max_new_tokens - emitted - 1
         if limit:
             room = min(room, limit - len(context) - 1)
-        g = policy.choose(room) if policy else min(gamma, room)
-        # With speculation switched off, a cheap drafter still proposes one token ("shadow"), scored
-        # but not verified, so the policy sees when drafting would pay again.
-        shadow = policy is not None and g == 0 and room > 0 and policy.shadow()
+        g, shadow = policy.plan(room)
+
+        # 2. Draft.
         t0 = time.perf_counter()
-        draft = drafter.propose(context, g or int(shadow)) if g or shadow else _NO_DRAFT
+        draft = drafter.propose(context, g) if g else NO_DRAFT
+        shadow_draft = drafter.propose(context, 1) if shadow else None
         t1 = time.perf_counter()
-        shadow_draft, draft = (draft, _NO_DRAFT) if shadow else (None, draft)
         g = draft.gamma
 
-        # 2. Score the draft in ONE target call, fed after the context tokens the cache has not seen:
+        # 3. Score the draft in ONE target call, fed after the context tokens the cache has not seen:
         #    the whole prompt on the first call (the prefill), the newest token after that.
         if len(cache) >= len(context):
             raise RuntimeError(f"the target cache holds {len(cache)} positions for a context of {len(context)}: "
                                "its trim() did not roll back")
         unseen = torch.tensor([context[len(cache):]])  # [1, u]
-        tokens = torch.cat([unseen, draft.tokens], dim=1)  # [1, u+g]
-        logits = target.forward(tokens, cache, num_logits=g + 1)  # [1, g+1, V]
-        if g == 0:  # nothing to verify: the one token is drawn exactly as plain decoding draws it
-            new, betas = _plain_step(logits[:, -1], params, gen, shadow_draft)
-            n = 0
-            t2 = time.perf_counter()
-        else:
-            target_probs = params.probs(logits)  # [1, g+1, V]
-            t2 = time.perf_counter()
+        logits = target.forward(torch.cat([unseen, draft.tokens], dim=1), cache, num_logits=g + 1)  # [1, g+1, V]
 
-            # 3. Speculative sampling: keep n draft tokens, add one corrected or bonus token.
-            draft_probs = match_vocab(draft.probs, target_probs.shape[-1])
-            verdict = verify(draft.tokens, draft_probs, target_probs, gen, lenience)
-            n = int(verdict.num_accepted[0])
-            new = verdict.emitted(0)
-            betas = _betas(draft, draft_probs, target_probs, n)
+        # 4. Speculative sampling: keep n draft tokens, add one corrected or bonus token.
+        new, n, betas = _sample(draft, shadow_draft, logits, params, gen, lenience)
+        t2 = time.perf_counter()
 
-        # 4. Roll back: the target cache now holds context + g drafts; keep context + n accepted.
+        # 5. Roll back: the target cache now holds context + g drafts; keep context + n accepted.
         #    The extra token is the newest context token: it is fed with the next draft. When all g
         #    were accepted nothing is trimmed, and the drafter catches up on its last token itself.
         cache.trim(g - n)
         drafter.accept(n)
-        if policy and unseen.shape[1] == 1:  # the prefill call says nothing about step costs
-            drafted = g or (shadow_draft.gamma if shadow_draft is not None else 0)
-            policy.observe(betas, g + 1, t2 - t1, t1 - t0, drafted)
+        if unseen.shape[1] == 1:  # the prefill says nothing about step costs
+            policy.observe(betas, g + 1, t2 - t1, t1 - t0, g or (shadow_draft.gamma if shadow_draft else 0))
 
-        # 5. Stop on EOS, the length limit, or a full context window.
+        # 6. Stop on EOS, the length limit, or a full context window.
         new, finish = _finish(new, emitted, max_new_tokens, eos, (limit - len(context)) if limit else None)
         context.extend(new)
         emitted += len(new)
-        yield Step(
-            tokens=new,
-            num_accepted=min(n, len(new)),
-            proposed=draft.tokens[0].tolist(),
-            betas=betas,
-            draft_seconds=t1 - t0,
-            target_seconds=t2 - t1,
-            finish_reason=finish,
-        )
+        yield Step(tokens=new, num_accepted=min(n, len(new)), proposed=draft.tokens[0].tolist(), betas=betas,
+                   draft_seconds=t1 - t0, target_seconds=t2 - t1, finish_reason=finish)
         if finish:
             return
+
+
+def _sample(draft: Draft, shadow: Draft | None, logits: torch.Tensor, params: SamplingParams,
+            gen: torch.Generator, lenience: float) -> tuple[list[int], int, list[float]]:
+    """Step 4 of the loop on logits [1, g+1, V]: (emitted tokens, num_accepted, betas).
+
+    betas: sum_x min(p, q) at draft positions 0..min(n, g-1), whose prefixes the target kept; with
+    nothing to verify, at the shadow proposal (if any)."""
+    g = draft.gamma
+    if g == 0:  # nothing to verify: the one token is drawn exactly as plain decoding draws it
+        return _plain_step(logits[:, -1], params, gen, shadow)
+    target_probs = params.probs(logits)  # [1, g+1, V]
+    draft_probs = match_vocab(draft.probs, target_probs.shape[-1])  # [1, g, V] or None
+    verdict = verify(draft.tokens, draft_probs, target_probs, gen, lenience)
+    n = int(verdict.num_accepted[0])
+    kept = min(n + 1, g)
+    betas = draft_acceptance(draft.tokens[0, :kept], None if draft_probs is None else draft_probs[0, :kept],
+                             target_probs[0, :kept])
+    return verdict.emitted(0), n, betas.tolist()
+
+
+def _plain_step(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator,
+                shadow: Draft | None) -> tuple[list[int], int, list[float]]:
+    """One token from logits [1, V] with no draft to verify (speculative sampling with gamma = 0
+    reduces to this: the same token, the same random draw as `draw`), and the shadow proposal's
+    acceptance probability when there is one. Skips the verifier's full-vocabulary bookkeeping,
+    which costs a noticeable share of a fast target's step."""
+    target_probs = None if params.is_greedy else params.probs(logits)  # [1, V]
+    token = int(draw(logits, params) if target_probs is None else sample(target_probs, gen))
+    if shadow is None or shadow.gamma == 0:
+        return [token], 0, []
+    if target_probs is None:
+        target_probs = params.probs(logits)  # greedy: a point mass on `token`
+    draft_probs = match_vocab(shadow.probs, target_probs.shape[-1])  # [1, 1, V] or None
+    beta = draft_acceptance(shadow.tokens[0], None if draft_probs is None else draft_probs[0], target_probs)
+    return [token], 0, beta.tolist()
 
 
 def autoregressive_decode(
@@ -211,48 +214,3 @@ def autoregressive_decode(
             return
         tokens = torch.tensor([[token]])
 
-
-def _plain_step(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator,
-                shadow: Draft | None) -> tuple[list[int], list[float]]:
-    """One token from logits [1, V] with no draft to verify (speculative sampling with gamma = 0
-    reduces to this: the same token, the same random draw as `draw`), and the shadow proposal's
-    acceptance probability when there is one. Skips the verifier's full-vocabulary bookkeeping,
-    which costs a noticeable share of a fast target's step."""
-    if params.is_greedy:  # p is a point mass on `token`: beta = sum_x min(p, q) = q(token)
-        token = int(draw(logits, params))
-        if shadow is None or shadow.gamma == 0:
-            return [token], []
-        if shadow.probs is None:  # q a point mass too
-            return [token], [float(int(shadow.tokens[0, 0]) == token)]
-        q = shadow.probs[0, 0]  # [V']
-        return [token], [float(q[token]) if token < q.shape[-1] else 0.0]
-    probs = params.probs(logits).unsqueeze(1)  # [1, 1, V]
-    token = int(sample(probs[:, 0], gen))
-    if shadow is None or shadow.gamma == 0:
-        return [token], []
-    return [token], _betas(shadow, match_vocab(shadow.probs, probs.shape[-1]), probs, 0)
-
-
-def _betas(draft: Draft, draft_probs: torch.Tensor | None, target_probs: torch.Tensor, n: int) -> list[float]:
-    """Acceptance probability at draft positions 0..min(n, g-1) (row 0)."""
-    kept = min(n + 1, draft.gamma)
-    if kept == 0:
-        return []
-    if draft_probs is None:  # point mass: beta = p(x)
-        tokens = draft.tokens[0, :kept]
-        return target_probs[0, torch.arange(kept), tokens].tolist()
-    return acceptance(target_probs[0, :kept], draft_probs[0, :kept]).tolist()
-
-
-def match_vocab(draft_probs: torch.Tensor | None, vocab_size: int) -> torch.Tensor | None:
-    """Pad a draft distribution [B, g, V'] to the target's logit width V (tokens the draft's head
-    lacks have q = 0, which keeps speculative sampling exact)."""
-    if draft_probs is None or draft_probs.shape[-1] == vocab_size:
-        return draft_probs
-    extra = vocab_size - draft_probs.shape[-1]
-    if extra < 0:
-        raise ValueError(
-            f"the draft scores {draft_probs.shape[-1]} token ids but the target only {vocab_size}; "
-            "the draft could propose ids the target does not have"
-        )
-    return torch.nn.functional.pad(draft_probs, (0, extra))

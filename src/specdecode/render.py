@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from .generate import Stats, TextStep
+from .stats import Stats
+from .text import TextStep
 
 ACCEPTED = "green"
 REJECTED = "red strike"

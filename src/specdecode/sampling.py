@@ -107,3 +107,16 @@ def draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generato
         return sample(params.probs(logits), generator)
     check_logits(logits)
     return logits.argmax(-1)
+
+
+def make_generator(seed: int | None, generator: torch.Generator | None = None) -> torch.Generator:
+    """The random source of one generation: `generator` if given, else one seeded with `seed`
+    (or from the OS when seed is None)."""
+    if generator is not None:
+        return generator
+    gen = torch.Generator()
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen

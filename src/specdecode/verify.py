@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .options import check_lenience
 from .sampling import sample
 
 
@@ -33,6 +34,30 @@ def acceptance(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.T
     """beta = sum_x min(p(x), q(x)) = 1 - D_LK(p, q): the probability that a token drawn from q is
     accepted (paper, Theorem 3.5); [..., V] -> [...]."""
     return torch.minimum(target_probs, draft_probs).sum(-1)
+
+
+def draft_acceptance(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
+                     target_probs: torch.Tensor) -> torch.Tensor:
+    """beta_i = sum_x min(p_i(x), q_i(x)) at each draft position: tokens [g], draft_probs [g, V] or
+    None, target_probs [g, V] -> [g]. A deterministic drafter's q is a point mass on its token,
+    so there beta_i = p_i(x_i)."""
+    if draft_probs is None:
+        return target_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
+    return acceptance(target_probs, draft_probs)
+
+
+def match_vocab(draft_probs: torch.Tensor | None, vocab_size: int) -> torch.Tensor | None:
+    """Pad a draft distribution [..., V'] to the target's logit width V (tokens the draft's head
+    lacks have q = 0, which keeps speculative sampling exact)."""
+    if draft_probs is None or draft_probs.shape[-1] == vocab_size:
+        return draft_probs
+    extra = vocab_size - draft_probs.shape[-1]
+    if extra < 0:
+        raise ValueError(
+            f"the draft scores {draft_probs.shape[-1]} token ids but the target only {vocab_size}; "
+            "the draft could propose ids the target does not have"
+        )
+    return torch.nn.functional.pad(draft_probs, (0, extra))
 
 
 @dataclass
@@ -61,8 +86,7 @@ def verify(
     lenience: float = 1.0,
 ) -> Verdict:
     """Speculative sampling over a batch: accept a prefix of each row's draft, then add one token."""
-    if not (0.0 < lenience <= 1.0):
-        raise ValueError(f"lenience must be in (0, 1], got {lenience}")
+    check_lenience(lenience)
     if draft_tokens.dim() != 2:
         raise ValueError(f"draft_tokens must be [batch, gamma], got shape {tuple(draft_tokens.shape)}")
     B, g = draft_tokens.shape

@@ -1,7 +1,2 @@
-"""The paper's analysis as tools: formulas, measured alpha and cost, plots."""
-
-from .formulas import (acceptance, d_lk, expected_tokens, hardware_speedup, operations_increase, optimal_gamma,
-                       speedup, verify_curve)
-
-__all__ = ["acceptance", "d_lk", "expected_tokens", "hardware_speedup", "operations_increase", "optimal_gamma",
-           "speedup", "verify_curve"]
+"""The paper's analysis as tools that run models: measured alpha and costs (`measure`), figures
+(`plots`). The formulas themselves are `specdecode.formulas`, below the decode loop."""

@@ -12,12 +12,13 @@ from typing import Sequence
 
 import torch
 
-from ..decode import autoregressive_decode, match_vocab
+from ..decode import autoregressive_decode
 from ..drafters.base import Drafter
+from ..formulas import verify_curve
 from ..models.base import Model, check_same_vocab
 from ..models.hf import cache_root
 from ..sampling import SamplingParams
-from ..verify import acceptance
+from ..verify import draft_acceptance, match_vocab
 
 
 @dataclass
@@ -44,11 +45,10 @@ def position_betas(target: Model, drafter: Drafter, prompt: Sequence[int], gener
         drafter.accept(0)
         if draft.gamma == 0:
             betas.append(0.0)  # no proposal: nothing can be accepted here
-        elif draft.probs is None:
-            betas.append(float(target_probs[i, int(draft.tokens[0, 0])]))  # q is a point mass
-        else:
-            q = match_vocab(draft.probs, target_probs.shape[-1])[0, 0]
-            betas.append(float(acceptance(target_probs[i], q)))
+            continue
+        draft_probs = match_vocab(draft.probs, target_probs.shape[-1])  # [1, 1, V] or None
+        betas.append(float(draft_acceptance(draft.tokens[0], None if draft_probs is None else draft_probs[0],
+                                            target_probs[i : i + 1])))
     return betas
 
 
@@ -91,8 +91,6 @@ class Profile:
     verify_ratios: list[float]  # verify_ratios[k] = T(k)/T(1), k = 1..K (entry 0 unused, 0.0)
 
     def ratio(self, k: int) -> float:
-        from .formulas import verify_curve
-
         return verify_curve(self.verify_ratios)(k)
 
 

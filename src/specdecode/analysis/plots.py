@@ -6,13 +6,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .formulas import expected_tokens, operations_increase, optimal_gamma, speedup
+from ..formulas import expected_tokens, operations_increase, optimal_gamma, speedup
 
 
-def plot_analysis(path: str | Path, cost: float = 0.05, gammas=(1, 2, 3, 5, 7, 10),
-                  costs=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5), alpha: float | None = None) -> Path:
-    """Four panels: expected tokens vs alpha; speedup vs alpha (at `cost`); operations increase vs
-    alpha (c_hat = `cost`); optimal gamma vs alpha for several c. `alpha` marks a measured value."""
+def plot_analysis(path: str | Path, cost_ratio: float = 0.05, gammas=(1, 2, 3, 5, 7, 10),
+                  cost_ratios=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5), alpha: float | None = None) -> Path:
+    """Four panels: expected tokens vs alpha; speedup vs alpha (at `cost_ratio`); operations increase vs
+    alpha (c_hat = `cost_ratio`); optimal gamma vs alpha for several c. `alpha` marks a measured value."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -26,15 +26,15 @@ def plot_analysis(path: str | Path, cost: float = 0.05, gammas=(1, 2, 3, 5, 7, 1
     ax.set(title="Expected tokens per iteration", xlabel="alpha", ylabel="E[tokens]")
     ax = axes[0, 1]
     for g in gammas:
-        ax.plot(alphas, [speedup(a, g, cost) for a in alphas], label=f"gamma={g}")
+        ax.plot(alphas, [speedup(a, g, cost_ratio) for a in alphas], label=f"gamma={g}")
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-    ax.set(title=f"Walltime speedup (c={cost})", xlabel="alpha", ylabel="speedup")
+    ax.set(title=f"Walltime speedup (c={cost_ratio})", xlabel="alpha", ylabel="speedup")
     ax = axes[1, 0]
     for g in gammas:
-        ax.plot(alphas, [operations_increase(a, g, cost) for a in alphas], label=f"gamma={g}")
-    ax.set(title=f"Arithmetic operations increase (c_hat={cost})", xlabel="alpha", ylabel="ops factor")
+        ax.plot(alphas, [operations_increase(a, g, cost_ratio) for a in alphas], label=f"gamma={g}")
+    ax.set(title=f"Arithmetic operations increase (c_hat={cost_ratio})", xlabel="alpha", ylabel="ops factor")
     ax = axes[1, 1]
-    for c in costs:
+    for c in cost_ratios:
         ax.step(alphas, [optimal_gamma(a, c)[0] for a in alphas], where="mid", label=f"c={c}")
     ax.set(title="Optimal gamma", xlabel="alpha", ylabel="gamma", yscale="symlog")
     ax.set_yticks([0, 1, 2, 4, 8, 16, 32, 64], ["0", "1", "2", "4", "8", "16", "32", "64"])

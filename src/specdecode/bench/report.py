@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..analysis.formulas import hardware_speedup, speedup
+from ..formulas import hardware_speedup, speedup
 from ..analysis.measure import Profile
 from .runner import Run
 

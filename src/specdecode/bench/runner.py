@@ -14,7 +14,8 @@ from typing import Callable, Sequence
 import torch
 
 from ..drafters import ModelDrafter, PromptLookupDrafter
-from ..generate import Stats, encode_prompt, generate
+from ..stats import Stats
+from ..text import encode_prompt, generate
 from ..sampling import SamplingParams
 from .prompts import Prompt
 

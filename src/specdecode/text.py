@@ -1,32 +1,41 @@
-"""Text in, text out: chat template, the decode stream as text, stop strings and run statistics.
+"""The text layer: chat template in, the decode stream out as text pieces, with incremental
+detokenisation and stop strings.
 
-Everything that shows a generation (the CLI, the renderer, benchmarks) consumes `generate()`.
+Everything that shows a generation (the CLI, the renderer, benchmarks, the server) consumes `generate()`.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-from .adaptive import AdaptiveGamma
 from .decode import Step, autoregressive_decode, speculative_decode
 from .drafters.base import Drafter
+from .gamma import GammaPolicy
+from .options import check_prompt_text, check_stop
 from .sampling import SamplingParams
+from .stats import Stats
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
     """Token ids for a plain prompt; with `chat` the tokenizer's chat template wraps it as a user turn."""
-    if not prompt:
-        raise ValueError("the prompt is empty")
+    check_prompt_text(prompt)
     if chat and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        if isinstance(ids, dict) or hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
-            ids = ids["input_ids"]
-        return list(ids)
+        return encode_chat(tokenizer, [{"role": "user", "content": prompt}])
     return tokenizer.encode(prompt, add_special_tokens=True)
+
+
+def encode_chat(tokenizer, messages: Sequence[dict]) -> list[int]:
+    """Token ids of a conversation ({"role", "content"} turns) through the tokenizer's chat
+    template, ending with the assistant's turn opened."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model's tokenizer has no chat template; send a plain prompt instead")
+    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
+                                        return_dict=False)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)
 
 
 @dataclass
@@ -42,69 +51,12 @@ class TextStep:
     finish_reason: str | None  # "eos", "length", "stop" or None
 
 
-@dataclass
-class Stats:
-    """Totals over one generation."""
-
-    new_tokens: int = 0
-    target_calls: int = 0
-    proposed: int = 0  # draft tokens proposed
-    accepted: int = 0  # draft tokens accepted
-    beta_sum: float = 0.0  # sum of per-position acceptance probabilities (see Step.betas)
-    beta_count: int = 0
-    draft_seconds: float = 0.0
-    target_seconds: float = 0.0
-    wall_seconds: float = 0.0  # prefill included
-    finish_reason: str | None = None
-    tokens: list[int] = field(default_factory=list)
-
-    def add(self, step: Step) -> None:
-        self.new_tokens += len(step.tokens)
-        self.target_calls += 1
-        self.proposed += len(step.proposed)
-        self.accepted += step.num_accepted
-        self.beta_sum += sum(step.betas)
-        self.beta_count += len(step.betas)
-        self.draft_seconds += step.draft_seconds
-        self.target_seconds += step.target_seconds
-        self.tokens.extend(step.tokens)
-
-    @property
-    def tokens_per_call(self) -> float:
-        return self.new_tokens / self.target_calls if self.target_calls else 0.0
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        """Accepted / proposed draft tokens (None when nothing was proposed)."""
-        return self.accepted / self.proposed if self.proposed else None
-
-    @property
-    def alpha(self) -> float | None:
-        """Mean acceptance probability E[sum_x min(p, q)] over the positions drafted in this run."""
-        return self.beta_sum / self.beta_count if self.beta_count else None
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
-
-    def summary(self) -> dict:
-        out = asdict(self)
-        out.pop("tokens")
-        out.update(
-            tokens_per_call=self.tokens_per_call,
-            acceptance_rate=self.acceptance_rate,
-            alpha=self.alpha,
-            tokens_per_second=self.tokens_per_second,
-        )
-        return out
-
-
 def generate(
     target,
     prompt_ids: Sequence[int],
     drafter: Drafter | None = None,
     *,
-    gamma: int | AdaptiveGamma = 4,
+    gamma: int | GammaPolicy = 4,
     params: SamplingParams = SamplingParams(),
     max_new_tokens: int = 128,
     lenience: float = 1.0,
@@ -117,8 +69,7 @@ def generate(
     `target` needs a `tokenizer`. Stop strings end the stream; the returned text stops before them.
     Pass a `Stats` to have it filled in as the stream is consumed.
     """
-    if any(not s for s in stop):
-        raise ValueError("stop strings must be non-empty")
+    stop = check_stop(stop)
     tokenizer = target.tokenizer
     stats = stats if stats is not None else Stats()
     if drafter is None:

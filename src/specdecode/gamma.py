@@ -1,0 +1,114 @@
+"""Gamma policies: how many tokens the draft proposes in each iteration.
+
+The decode loop asks a policy for a plan before every target call (`plan(room)`: a draft length
+and whether to score a "shadow" proposal) and tells it what the call showed (`observe`). A fixed
+gamma is the paper's setting; `AdaptiveGamma` re-plans every iteration.
+
+Adaptive gamma. The paper picks one gamma from alpha and c (section 3.4) and assumes verifying
+gamma+1 tokens costs one target step. Here both inputs are running estimates and verification
+costs what the measured curve T(k)/T(1) says, so each iteration takes the hardware-aware optimum
+
+    gamma* = argmax_g  E[tokens](alpha, g) / (g c + T(g+1)/T(1)),   E[tokens] = (1 - alpha^(g+1)) / (1 - alpha)
+
+over g = 0..max_gamma (`formulas.optimal_gamma`). g = 0 (plain decoding) scores 1, so speculation
+switches itself off when no gamma can win. While it is off the loop keeps scoring the drafter's
+would-be proposal against the target's distribution ("shadow" drafting, nearly free for a cheap
+drafter), so it switches back on when the drafter becomes useful again (for instance when the
+output starts copying). A policy changes only how many tokens are proposed, never how they are
+verified: the output distribution is the target's whatever it plans.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+from .formulas import optimal_gamma, verify_curve
+from .options import check_gamma
+
+
+class GammaPolicy(Protocol):
+    def plan(self, room: int) -> tuple[int, bool]:
+        """(draft length in 0..room, whether to score a one-token shadow proposal when it is 0)."""
+
+    def observe(self, betas: Sequence[float], verified: int, target_seconds: float, draft_seconds: float,
+                drafted: int) -> None:
+        """One iteration after the prefill: acceptance probabilities seen, tokens verified in the
+        target call, what the call and the drafting cost, and how many tokens were drafted."""
+
+
+class FixedGamma:
+    """The paper's setting: the same gamma every iteration (fewer only near the length limit)."""
+
+    def __init__(self, gamma: int) -> None:
+        self.gamma = check_gamma(gamma)
+
+    def plan(self, room: int) -> tuple[int, bool]:
+        return min(self.gamma, room), False
+
+    def observe(self, betas, verified, target_seconds, draft_seconds, drafted) -> None:
+        pass
+
+
+def as_policy(gamma: "int | GammaPolicy") -> GammaPolicy:
+    """An integer becomes a FixedGamma; a policy is used as it is."""
+    if hasattr(gamma, "plan") and hasattr(gamma, "observe"):
+        return gamma
+    return FixedGamma(gamma)
+
+
+class AdaptiveGamma:
+    """Running estimates of alpha (acceptance) and c (draft cost ratio) feeding the cost model above.
+
+    verify_ratios: T(k)/T(1) for k = 1..K (entry 0 unused), e.g. `Profile.verify_ratios`.
+    decay: weight of the past in the exponential moving averages (per observed position).
+    """
+
+    def __init__(self, verify_ratios: Sequence[float], max_gamma: int = 8, prior_alpha: float = 0.5,
+                 prior_cost: float = 0.0, decay: float = 0.9, shadow_cost_limit: float = 0.2,
+                 probe_every: int = 16) -> None:
+        if max_gamma < 1:
+            raise ValueError(f"max_gamma must be >= 1, got {max_gamma}")
+        if not (0.0 <= prior_alpha <= 1.0):
+            raise ValueError(f"prior_alpha must be in [0, 1], got {prior_alpha}")
+        if not (0.0 < decay < 1.0):
+            raise ValueError(f"decay must be in (0, 1), got {decay}")
+        self.verify_cost = verify_curve(verify_ratios)  # k -> T(k)/T(1)
+        self.max_gamma = max_gamma
+        self.alpha = prior_alpha
+        self.cost_ratio = prior_cost
+        self.decay = decay
+        self.shadow_cost_limit = shadow_cost_limit
+        self.probe_every = probe_every
+        self._since_shadow = 0
+        self._iterations = 0
+        self.step_seconds: float | None = None  # running estimate of T(1)
+
+    def choose(self, limit: int) -> int:
+        """The best gamma in 0..min(max_gamma, limit)."""
+        return optimal_gamma(self.alpha, self.cost_ratio, min(self.max_gamma, limit), self.verify_cost)[0]
+
+    def plan(self, room: int) -> tuple[int, bool]:
+        gamma = self.choose(room)
+        return gamma, gamma == 0 and room > 0 and self.shadow()
+
+    def shadow(self) -> bool:
+        """Whether to score the drafter while speculation is off: every iteration if that is cheap,
+        else every `probe_every` iterations, so a stale estimate of alpha or c can still recover."""
+        self._since_shadow += 1
+        if self.cost_ratio <= self.shadow_cost_limit or self._since_shadow >= self.probe_every:
+            self._since_shadow = 0
+            return True
+        return False
+
+    def observe(self, betas: Sequence[float], verified: int, target_seconds: float, draft_seconds: float,
+                drafted: int) -> None:
+        for beta in betas:
+            self.alpha = self.decay * self.alpha + (1 - self.decay) * beta
+        self._iterations += 1
+        if self._iterations == 1:  # the first call after the prefill still pays warm-up costs: not a typical step
+            return
+        step = target_seconds / self.verify_cost(verified)  # this call, in units of one-token steps
+        self.step_seconds = step if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * step
+        if drafted:
+            c = draft_seconds / drafted / self.step_seconds
+            self.cost_ratio = 0.8 * self.cost_ratio + 0.2 * c

@@ -1,0 +1,56 @@
+"""Checks of the values a caller hands to the library, each written once.
+
+The decode loop, the verifier, the CLI and the server call these where a value enters; the CLI
+calls them before loading any model, so a bad option costs no loading time.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_gamma(gamma, name: str = "gamma") -> int:
+    """gamma: draft tokens per iteration, an integer >= 0 (0 = plain decoding)."""
+    if not _is_int(gamma) or gamma < 0:
+        raise ValueError(f"{name} must be an integer >= 0 or 'auto', got {gamma!r}")
+    return gamma
+
+
+def check_lenience(lenience, name: str = "lenience") -> float:
+    """lenience l in (0, 1]: accept when l*q(x) <= p(x); 1 is exact."""
+    if isinstance(lenience, bool) or not isinstance(lenience, (int, float)) or not (0.0 < lenience <= 1.0):
+        raise ValueError(f"{name} must be in (0, 1] (1 = exact), got {lenience!r}")
+    return float(lenience)
+
+
+def check_max_new_tokens(max_new_tokens, name: str = "max_new_tokens") -> int:
+    return check_positive(name, max_new_tokens)
+
+
+def check_positive(name: str, value) -> int:
+    """An integer setting that must be >= 1 (thread counts, max_gamma, repeats, ...)."""
+    if not _is_int(value) or value < 1:
+        raise ValueError(f"{name} must be >= 1 (an integer), got {value!r}")
+    return value
+
+
+def check_prompt_text(prompt) -> str:
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("the prompt is empty")
+    return prompt
+
+
+def check_prompt_ids(prompt: Sequence[int]) -> None:
+    if len(prompt) == 0:
+        raise ValueError("the prompt has no tokens; at least one is needed to condition on")
+
+
+def check_stop(stop: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(stop, str) or any(not isinstance(s, str) or not s for s in stop):
+        raise ValueError("stop strings must be a list of non-empty strings")
+    return tuple(stop)
+

@@ -1,0 +1,73 @@
+"""Run statistics over the decode stream: tokens, target calls, drafted and accepted tokens, alpha."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .decode import Step
+
+
+@dataclass
+class Stats:
+    """Totals over one generation."""
+
+    new_tokens: int = 0
+    target_calls: int = 0
+    drafts: int = 0  # target calls that verified a proposal
+    proposed: int = 0  # draft tokens proposed
+    accepted: int = 0  # draft tokens accepted
+    # accepted_per_position[i]: proposals whose draft token i was accepted (vLLM's per-position
+    # acceptance; divided by `drafts` it is the empirical P(at least i+1 tokens accepted))
+    accepted_per_position: list[int] = field(default_factory=list)
+    beta_sum: float = 0.0  # sum of per-position acceptance probabilities (see Step.betas)
+    beta_count: int = 0
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    wall_seconds: float = 0.0  # prefill included
+    finish_reason: str | None = None
+    tokens: list[int] = field(default_factory=list)
+
+    def add(self, step: Step) -> None:
+        self.new_tokens += len(step.tokens)
+        self.target_calls += 1
+        self.drafts += bool(step.proposed)
+        self.proposed += len(step.proposed)
+        self.accepted += step.num_accepted
+        if len(self.accepted_per_position) < step.num_accepted:
+            self.accepted_per_position += [0] * (step.num_accepted - len(self.accepted_per_position))
+        for i in range(step.num_accepted):
+            self.accepted_per_position[i] += 1
+        self.beta_sum += sum(step.betas)
+        self.beta_count += len(step.betas)
+        self.draft_seconds += step.draft_seconds
+        self.target_seconds += step.target_seconds
+        self.tokens.extend(step.tokens)
+
+    @property
+    def tokens_per_call(self) -> float:
+        return self.new_tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / proposed draft tokens (None when nothing was proposed)."""
+        return self.accepted / self.proposed if self.proposed else None
+
+    @property
+    def alpha(self) -> float | None:
+        """Mean acceptance probability E[sum_x min(p, q)] over the positions drafted in this run."""
+        return self.beta_sum / self.beta_count if self.beta_count else None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    def summary(self) -> dict:
+        out = asdict(self)
+        out.pop("tokens")
+        out.update(
+            tokens_per_call=self.tokens_per_call,
+            acceptance_rate=self.acceptance_rate,
+            alpha=self.alpha,
+            tokens_per_second=self.tokens_per_second,
+        )
+        return out
