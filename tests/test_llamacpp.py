@@ -119,3 +119,33 @@ def test_per_step_frequencies_match_the_target_on_the_real_model(target):
     first = verdict.tokens[:, 0].tolist()
     expected = {i: p for i, p in enumerate(target_probs[0, 0].tolist()) if p > 0}
     assert chi2_pvalue(first, expected) > 1e-3
+
+
+def test_llama_cpp_runs_without_extra_buffer_types(target):
+    """llama.cpp's extra weight-buffer types (its AMX buffer on AMX Xeons) crash on SmolLM2's first
+    decode; every context specdecode opens has them off."""
+    from specdecode.bench.runner import llamacpp_generate
+
+    assert target.llm.model_params.use_extra_bufts is False
+    llamacpp_generate(target, [1, 2, 3], GREEDY, max_new_tokens=2, seed=0)
+    assert all(llm.model_params.use_extra_bufts is False for llm in target._anchors.values())
+
+
+def test_first_decode_survives_on_an_amx_cpu():
+    """On an AMX host a decode with extra buffer types kills the process (segfault), so it runs in a
+    subprocess: the test fails there without the fix, instead of taking pytest down."""
+    import subprocess
+    import sys
+
+    from specdecode.models.llamacpp import cpu_has_amx
+
+    if not cpu_has_amx():
+        pytest.skip("this CPU has no AMX (no amx_tile flag in /proc/cpuinfo): llama.cpp's AMX buffer, "
+                    "whose crash this guards against, is not used here")
+    code = ("from specdecode.models.default import default_target_path\n"
+            "from specdecode.models.llamacpp import open_llama\n"
+            "llm = open_llama(default_target_path(), n_threads=2, n_ctx=256, verbose=False)\n"
+            "llm.eval([1, 2, 3, 4])\n"
+            "print('decoded', llm.n_tokens)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "decoded 4" in result.stdout, (result.returncode, result.stderr[-2000:])

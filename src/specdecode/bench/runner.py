@@ -78,13 +78,14 @@ def llamacpp_generate(target, ids: list[int], params: SamplingParams, max_new_to
                      prompt_lookup: int | None = None) -> list[int]:
     """llama-cpp-python's own generate() on the same GGUF, plain or with its prompt-lookup
     decoding (LlamaPromptLookupDecoding), sampling from the same distribution."""
-    from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    from ..models.llamacpp import open_llama
 
     anchors = target.__dict__.setdefault("_anchors", {})
     if prompt_lookup not in anchors:  # its own context, so the model under test keeps its cache
         draft = LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup) if prompt_lookup else None
-        anchors[prompt_lookup] = Llama(target.path, n_ctx=target.max_positions, n_batch=target.n_batch,
+        anchors[prompt_lookup] = open_llama(target.path, n_ctx=target.max_positions, n_batch=target.n_batch,
                                        n_threads=target.n_threads, n_threads_batch=target.n_threads,
                                        draft_model=draft, logits_all=draft is not None, verbose=False,
                                        **target.context_options)  # the same numerics as the model under test

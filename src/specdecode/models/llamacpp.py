@@ -18,11 +18,23 @@ logits are bit-identical however the tokens are batched (tested up to 3,000 cach
 logits differ from the F16 cache's about as much as turning flash attention on or off does
 (argmax agreement ~97% along Spec-Bench summaries either way). `batch_invariant=False` keeps the
 F16 cache: identical up to 256 cached positions only.
+
+No extra weight-buffer types. llama.cpp can move weights into "extra" CPU buffer types at load
+time: repacked layouts and, on Xeons with AMX, its AMX buffer. Built natively on an AMX host,
+llama-cpp-python 0.3.36 moves SmolLM2's Q4_1 weights into the AMX buffer and segfaults on the
+first `llama_decode` (the whole Python process dies). Loading with the model parameter
+`use_extra_bufts = False` avoids it; `Llama(...)` does not expose that parameter, so `open_llama`
+sets it for every context specdecode opens (the model under test and the benchmark's anchors).
+The same setting on every host keeps the numerics the same on AMX and non-AMX machines; for
+Q4_1 weights (the embedded model) the repacked layouts do not apply anyway, and on a non-AMX
+host the step time measured the same with and without it.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +43,49 @@ import torch
 from .base import Vocabulary
 
 INSTALL_HINT = "pip install llama-cpp-python (it compiles llama.cpp from source, a few minutes)"
+_PARAMS_LOCK = threading.Lock()
+
+
+@contextmanager
+def _no_extra_buffer_types():
+    """While active, llama-cpp-python's default model parameters have `use_extra_bufts` off."""
+    import llama_cpp.llama as llama_module
+
+    with _PARAMS_LOCK:
+        defaults = llama_module.llama_cpp.llama_model_default_params
+
+        def without_extra_bufts():
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+
+        llama_module.llama_cpp.llama_model_default_params = without_extra_bufts
+        try:
+            yield
+        finally:
+            llama_module.llama_cpp.llama_model_default_params = defaults
+
+
+def open_llama(path: str | os.PathLike, **kwargs):
+    """`llama_cpp.Llama(path, **kwargs)` with no extra weight-buffer types (see the module docstring)."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        raise ImportError(f"the llama.cpp backend needs llama-cpp-python: {INSTALL_HINT}") from None
+    with _no_extra_buffer_types():
+        llm = Llama(str(path), **kwargs)
+    if llm.model_params.use_extra_bufts:
+        raise RuntimeError("llama.cpp was loaded with extra buffer types, which crash on AMX CPUs")
+    return llm
+
+
+def cpu_has_amx() -> bool:
+    """Whether this CPU reports AMX tile units (Linux /proc/cpuinfo flags)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " amx_tile" in line for line in f)
+    except OSError:
+        return False
 
 
 class LlamaCppCache:
@@ -60,16 +115,12 @@ class LlamaCppModel:
 
     def __init__(self, path: str | os.PathLike, n_threads: int | None = None, n_ctx: int = 4096,
                  n_batch: int = 512, tokenizer=None, batch_invariant: bool = True) -> None:
-        try:
-            from llama_cpp import Llama
-        except ImportError:
-            raise ImportError(f"the llama.cpp backend needs llama-cpp-python: {INSTALL_HINT}") from None
         path = Path(path).expanduser()
         if not path.is_file() or path.suffix != ".gguf":
             raise FileNotFoundError(f"the llama.cpp backend needs a .gguf file; {str(path)!r} is not one")
         self.n_threads = n_threads or torch.get_num_threads()
         self.batch_invariant = batch_invariant
-        self.llm = Llama(str(path), n_ctx=n_ctx, n_batch=n_batch, n_threads=self.n_threads,
+        self.llm = open_llama(path, n_ctx=n_ctx, n_batch=n_batch, n_threads=self.n_threads,
                          n_threads_batch=self.n_threads, logits_all=False, verbose=False, **self.context_options)
         self.ctx = self.llm._ctx
         self.name = path.name
