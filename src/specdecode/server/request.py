@@ -1,0 +1,226 @@
+"""One request to the server, parsed and validated once: OpenAI's fields plus specdecode's own
+under the `specdecode` extension object.
+
+    {"model": ..., "messages": [...] | "prompt": "...", "max_tokens": 64, "temperature": 0,
+     "top_p": 1, "stop": ["\\n\\n"], "seed": 1, "stream": true, "n": 1,
+     "specdecode": {"draft": "lookup", "gamma": 4 | "auto", "top_k": 0, "lenience": 1.0}}
+
+Every problem becomes a `RequestError` carrying the HTTP status and OpenAI's error fields
+(message, type, param, code), never an exception the server does not expect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..options import check_lenience
+from ..sampling import SamplingParams
+
+EXTENSION = "specdecode"
+ROLES = ("system", "user", "assistant")
+# OpenAI fields this server accepts; the ones it cannot honour are refused by name below.
+COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "stream", "stream_options", "n", "user",
+          EXTENSION}
+FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens"}, "completion": COMMON | {"prompt"}}
+UNSUPPORTED = {"logprobs", "top_logprobs", "logit_bias", "tools", "tool_choice", "functions", "function_call",
+               "response_format", "best_of", "echo", "suffix", "presence_penalty", "frequency_penalty",
+               "parallel_tool_calls", "audio", "modalities", "prediction", "reasoning_effort"}
+EXTENSION_FIELDS = {"draft", "gamma", "top_k", "lenience"}
+
+
+class RequestError(Exception):
+    """An OpenAI-shaped error: {"error": {"message", "type", "param", "code"}} with an HTTP status."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_tokens: int = 1024  # largest max_tokens a request may ask for
+    default_max_tokens: int = 256
+    max_gamma: int = 16
+
+
+@dataclass(frozen=True)
+class Request:
+    kind: str  # "chat" or "completion"
+    model: str
+    messages: tuple[dict, ...] | None  # chat
+    prompt: str | None  # completion
+    max_tokens: int
+    params: SamplingParams
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    stream: bool = False
+    draft: str | None = None  # None: the server's default drafter
+    gamma: int | str | None = None  # None: the server's default
+    lenience: float = 1.0
+
+
+def _bad(message: str, param: str | None, code: str | None = None) -> RequestError:
+    return RequestError(400, message, param, code)
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float, low_open: bool = False) -> float:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(f"'{name}' must be a number, got {type(value).__name__}", name, "invalid_type")
+    if not (low < value <= high if low_open else low <= value <= high) or value != value:
+        interval = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
+        raise _bad(f"'{name}' must be in {interval}, got {value}", name, "invalid_value")
+    return float(value)
+
+
+def _integer(value: Any, name: str, low: int, high: int | None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(f"'{name}' must be an integer, got {type(value).__name__}", name, "invalid_type")
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise _bad(f"'{name}' must be {bound}, got {value}", name, "invalid_value")
+    return value
+
+
+def _text(content: Any, param: str) -> str:
+    """A message's content: a string, or a list of {"type": "text", "text": ...} parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise _bad(f"'{param}' must be a string or a list of text parts", param, "invalid_type")
+
+
+def _messages(body: dict) -> tuple[dict, ...]:
+    messages = body.get("messages")
+    if messages is None:
+        raise _bad("'messages' is required", "messages", "missing_required_parameter")
+    if not isinstance(messages, list):
+        raise _bad("'messages' must be a list of {role, content} objects", "messages", "invalid_type")
+    if not messages:
+        raise _bad("'messages' is empty: at least one message is needed", "messages", "invalid_value")
+    out = []
+    for i, message in enumerate(messages):
+        param = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise _bad(f"'{param}' must be an object with 'role' and 'content'", param, "invalid_type")
+        role = message.get("role")
+        if role not in ROLES:
+            raise _bad(f"'{param}.role' must be one of {', '.join(ROLES)}, got {role!r}", f"{param}.role",
+                       "invalid_value")
+        unknown = set(message) - {"role", "content", "name"}
+        if unknown:
+            raise _bad(f"'{param}' has unsupported fields: {', '.join(sorted(unknown))}", param, "unsupported")
+        out.append({"role": role, "content": _text(message.get("content"), f"{param}.content")})
+    if not any(m["content"].strip() for m in out):
+        raise _bad("every message is empty", "messages", "invalid_value")
+    return tuple(out)
+
+
+def _prompt(body: dict) -> str:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if prompt is None:
+        raise _bad("'prompt' is required", "prompt", "missing_required_parameter")
+    if not isinstance(prompt, str):
+        raise _bad("'prompt' must be a string (one prompt per request)", "prompt", "invalid_type")
+    if not prompt.strip():
+        raise _bad("'prompt' is empty", "prompt", "invalid_value")
+    return prompt
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
+        raise _bad("'stop' must be a non-empty string or a list of at most 4 non-empty strings", "stop",
+                   "invalid_value")
+    return tuple(stop)
+
+
+def _extension(body: dict, limits: Limits) -> dict:
+    ext = body.get(EXTENSION, {})
+    if ext is None:
+        return {}
+    if not isinstance(ext, dict):
+        raise _bad(f"'{EXTENSION}' must be an object", EXTENSION, "invalid_type")
+    unknown = set(ext) - EXTENSION_FIELDS
+    if unknown:
+        raise _bad(f"unknown field(s) in '{EXTENSION}': {', '.join(sorted(unknown))}; known: "
+                   f"{', '.join(sorted(EXTENSION_FIELDS))}", f"{EXTENSION}.{sorted(unknown)[0]}", "unknown_parameter")
+    out = {}
+    if ext.get("draft") is not None:
+        if not isinstance(ext["draft"], str) or not ext["draft"]:
+            raise _bad(f"'{EXTENSION}.draft' must be a drafter name", f"{EXTENSION}.draft", "invalid_type")
+        out["draft"] = ext["draft"]
+    if ext.get("gamma") is not None:
+        gamma = ext["gamma"]
+        if gamma != "auto" and (isinstance(gamma, bool) or not isinstance(gamma, int)
+                                or not 0 <= gamma <= limits.max_gamma):
+            raise _bad(f"'{EXTENSION}.gamma' must be an integer in [0, {limits.max_gamma}] or \"auto\", got {gamma!r}",
+                       f"{EXTENSION}.gamma", "invalid_value")
+        out["gamma"] = gamma
+    if ext.get("top_k") is not None:
+        out["top_k"] = _integer(ext["top_k"], f"{EXTENSION}.top_k", 0, None)
+    if ext.get("lenience") is not None:
+        try:
+            out["lenience"] = check_lenience(ext["lenience"], f"'{EXTENSION}.lenience'")
+        except ValueError as err:
+            raise _bad(str(err), f"{EXTENSION}.lenience", "invalid_value") from None
+    return out
+
+
+def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
+    """A decoded JSON body -> a validated `Request` (or a `RequestError`)."""
+    if not isinstance(body, dict):
+        raise _bad("the request body must be a JSON object", None, "invalid_type")
+    unsupported = sorted(set(body) & UNSUPPORTED)
+    if unsupported:
+        raise _bad(f"unsupported field(s): {', '.join(unsupported)}", unsupported[0], "unsupported_parameter")
+    unknown = sorted(set(body) - FIELDS[kind])
+    if unknown:
+        raise _bad(f"unknown field(s): {', '.join(unknown)}", unknown[0], "unknown_parameter")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("'model' is required and must be a string", "model", "missing_required_parameter")
+    n = body.get("n", 1)
+    if n is not None and n != 1:
+        raise _bad("only n = 1 is supported", "n", "unsupported_value")
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = body.get(name)
+    max_tokens = limits.default_max_tokens if max_tokens is None else _integer(max_tokens, name, 1, limits.max_tokens)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("'stream' must be a boolean", "stream", "invalid_type")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise _bad("'stream_options' must be an object", "stream_options", "invalid_type")
+    seed = body.get("seed")
+    if seed is not None:
+        seed = _integer(seed, "seed", -(2**63), 2**63 - 1) % 2**63  # torch seeds are unsigned
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise _bad("'user' must be a string", "user", "invalid_type")
+    ext = _extension(body, limits)
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
+    return Request(
+        kind=kind, model=model,
+        messages=_messages(body) if kind == "chat" else None,
+        prompt=_prompt(body) if kind == "completion" else None,
+        max_tokens=max_tokens,
+        params=SamplingParams(temperature=temperature, top_p=top_p, top_k=ext.get("top_k", 0)),
+        stop=_stop(body), seed=seed, stream=stream, draft=ext.get("draft"), gamma=ext.get("gamma"),
+        lenience=ext.get("lenience", 1.0),
+    )
