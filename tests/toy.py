@@ -36,6 +36,7 @@ class ToyModel:
     def __init__(self, vocab_size: int = 3, seed: int = 0, scale: float = 1.5, base: "ToyModel | None" = None,
                  eos_token_ids=(), name: str = "toy", delay: float = 0.0) -> None:
         self.vocab_size, self.seed, self.scale, self.base = vocab_size, seed, scale, base
+        self.name, self.device, self.tokenizer = name, "cpu", None
         self.vocab = Vocabulary.from_tokens(name, {f"<{i}>": i for i in range(vocab_size)})
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_positions = None

@@ -95,7 +95,7 @@ def speculative_decode(
     if drafter.vocab is not None:
         check_same_vocab(target.vocab, drafter.vocab)
     eos = frozenset(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
-    gen = make_generator(seed, generator)
+    gen = make_generator(seed, generator, target.device)
     drafter.reset(params, gen)
     limit = target.max_positions
     context = list(prompt)
@@ -106,10 +106,12 @@ def speculative_decode(
         # 1. Plan: never draft past the length limit or the context window (those tokens would be
         #    thrown away). With speculation off, a policy may ask for a one-token "shadow" proposal,
         #    scored against the target but not verified, to learn when drafting would pay again.
+        #    The prefill goes alone, without a draft: the prompt's cache entries are then computed
+        #    exactly as plain decoding computes them (a batch-invariant target gives identical logits).
         room = max_new_tokens - emitted - 1
         if limit:
             room = min(room, limit - len(context) - 1)
-        g, shadow = policy.plan(room)
+        g, shadow = policy.plan(room) if len(cache) else (0, False)
 
         # 2. Draft.
         t0 = time.perf_counter()
@@ -119,7 +121,7 @@ def speculative_decode(
         g = draft.gamma
 
         # 3. Score the draft in ONE target call, fed after the context tokens the cache has not seen:
-        #    the whole prompt on the first call (the prefill), the newest token after that.
+        #    the newest token (the whole prompt on the first call).
         if len(cache) >= len(context):
             raise RuntimeError(f"the target cache holds {len(cache)} positions for a context of {len(context)}: "
                                "its trim() did not roll back")
@@ -197,7 +199,7 @@ def autoregressive_decode(
     """The baseline: one target call per token, through the same model interface."""
     _check_request(target, prompt, max_new_tokens)
     eos = frozenset(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
-    gen = make_generator(seed, generator)
+    gen = make_generator(seed, generator, target.device)
     limit = target.max_positions
     cache = target.new_cache()
     length = len(prompt)

@@ -93,7 +93,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     """
     flat = probs.reshape(-1, probs.shape[-1]).double()  # [N, V]
     cdf = flat.cumsum(-1)  # [N, V]
-    u = torch.rand(flat.shape[0], 1, generator=generator, dtype=torch.float64) * cdf[:, -1:]  # [N, 1]
+    u = torch.rand(flat.shape[0], 1, generator=generator, dtype=torch.float64, device=flat.device) * cdf[:, -1:]
     tokens = torch.searchsorted(cdf, u, right=True)  # [N, 1]
     # u rounding up to the total (odds ~1e-16) would run off the end: take the last token with mass.
     last = torch.searchsorted(cdf, cdf[:, -1:].contiguous(), right=False)  # [N, 1]
@@ -109,12 +109,13 @@ def draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generato
     return logits.argmax(-1)
 
 
-def make_generator(seed: int | None, generator: torch.Generator | None = None) -> torch.Generator:
-    """The random source of one generation: `generator` if given, else one seeded with `seed`
-    (or from the OS when seed is None)."""
+def make_generator(seed: int | None, generator: torch.Generator | None = None,
+                   device: torch.device | str = "cpu") -> torch.Generator:
+    """The random source of one generation: `generator` if given, else one on `device` (where the
+    target's logits live) seeded with `seed` (or from the OS when seed is None)."""
     if generator is not None:
         return generator
-    gen = torch.Generator()
+    gen = torch.Generator(device=device)
     if seed is None:
         gen.seed()
     else:

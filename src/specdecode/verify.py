@@ -42,7 +42,7 @@ def draft_acceptance(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | Non
     None, target_probs [g, V] -> [g]. A deterministic drafter's q is a point mass on its token,
     so there beta_i = p_i(x_i)."""
     if draft_probs is None:
-        return target_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
+        return target_probs.gather(-1, draft_tokens.to(target_probs.device).unsqueeze(-1)).squeeze(-1)
     return acceptance(target_probs, draft_probs)
 
 
@@ -94,7 +94,8 @@ def verify(
         raise ValueError(
             f"target_probs must be [batch, gamma+1, vocab] = [{B}, {g + 1}, V], got {tuple(target_probs.shape)}"
         )
-    V = target_probs.shape[-1]
+    V, device = target_probs.shape[-1], target_probs.device
+    draft_tokens = draft_tokens.to(device)  # everything follows the target's logits (CPU or GPU)
     if draft_probs is not None and draft_probs.shape != (B, g, V):
         raise ValueError(f"draft_probs must be [{B}, {g}, {V}], got {tuple(draft_probs.shape)}")
 
@@ -108,19 +109,19 @@ def verify(
     # 2. Accept x_i when r_i < p(x_i) / (l q(x_i)), r_i ~ U[0, 1); keep the leading run of accepts.
     #    A token the draft could not have drawn (q = 0) is never accepted.
     ratio = torch.where(q_x > 0, p_x / (lenience * q_x).clamp_min(1e-30), torch.zeros_like(p_x))
-    r = torch.rand(B, g, generator=generator)  # [B, g]
+    r = torch.rand(B, g, generator=generator, device=device)  # [B, g]
     accepted = r < ratio  # [B, g]
     num_accepted = accepted.long().cumprod(-1).sum(-1)  # [B]
 
     # 3. The distribution of the one extra token: the residual at the first rejection, or the
     #    target's own distribution at position gamma when every draft token was accepted.
-    rows = torch.arange(B)
+    rows = torch.arange(B, device=device)
     p_n = target_probs[rows, num_accepted]  # [B, V]
     if draft_probs is None:
         q_n = torch.nn.functional.one_hot(draft_tokens, V).to(p_n.dtype)  # [B, g, V]
     else:
         q_n = draft_probs
-    q_n = torch.cat([q_n, torch.zeros(B, 1, V, dtype=p_n.dtype)], dim=1)[rows, num_accepted]  # [B, V]
+    q_n = torch.cat([q_n, torch.zeros(B, 1, V, dtype=p_n.dtype, device=device)], dim=1)[rows, num_accepted]  # [B, V]
     residual = (p_n - lenience * q_n).clamp_min(0.0)  # [B, V]; equals p_n where all were accepted
     mass = residual.sum(-1, keepdim=True)  # [B, 1]
     # Rounding can leave no residual mass where p == q exactly; then p itself is the right answer.
@@ -128,8 +129,8 @@ def verify(
     extra = sample(residual, generator)  # [B]
 
     # 4. Assemble [accepted drafts..., extra, -1 padding].
-    positions = torch.arange(g + 1).unsqueeze(0)  # [1, g+1]
-    padded = torch.cat([draft_tokens, torch.full((B, 1), -1, dtype=torch.long)], dim=1)  # [B, g+1]
+    positions = torch.arange(g + 1, device=device).unsqueeze(0)  # [1, g+1]
+    padded = torch.cat([draft_tokens, torch.full((B, 1), -1, dtype=torch.long, device=device)], dim=1)  # [B, g+1]
     tokens = torch.where(positions < num_accepted.unsqueeze(1), padded, torch.full_like(padded, -1))
     tokens[rows, num_accepted] = extra
     return Verdict(tokens=tokens, num_accepted=num_accepted)

@@ -116,7 +116,7 @@ def profile_model(model: Model, max_k: int = 16, context: int = 256, repeats: in
     """T(1) and the verification curve T(k)/T(1) for k = 1..max_k; cached per model, dtype and threads."""
     dtype = str(getattr(model, "dtype", "unknown")).replace("torch.", "")
     threads = getattr(model, "n_threads", None) or torch.get_num_threads()
-    name = getattr(model, "name", type(model).__name__)
+    name = model.name
     path = cache_root() / "profiles" / f"{name}-{dtype}-{threads}t-ctx{context}-k{max_k}.json"
     if use_cache and path.exists():
         return Profile(**json.loads(path.read_text()))

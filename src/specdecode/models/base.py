@@ -52,17 +52,19 @@ class VocabularyMismatch(ValueError):
 
 @runtime_checkable
 class Model(Protocol):
+    name: str  # for messages, profiles and caches
     vocab: Vocabulary
     eos_token_ids: frozenset[int]
     max_positions: int | None
+    device: torch.device | str  # where its logits live; sampling and verification follow them
+    tokenizer: object  # a transformers tokenizer (text in and out, chat template); None for a bare model
 
     def new_cache(self) -> Cache:
         ...
 
     def forward(self, tokens: torch.Tensor, cache: Cache, num_logits: int | None = None) -> torch.Tensor:
-        """tokens [B, T] -> logits [B, T, V] (or only the last num_logits positions), float32.
-
-        Appends the T positions to `cache`.
+        """tokens [B, T] -> logits [B, T, V] (or only the last num_logits positions), float32, on
+        `device`. Appends the T positions to `cache`.
         """
 
 

@@ -73,14 +73,14 @@ class HFModel:
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: HFCache, num_logits: int | None = None) -> torch.Tensor:
-        """tokens [B, T] -> logits [B, T or num_logits, V] float32 on the CPU."""
+        """tokens [B, T] -> logits [B, T or num_logits, V] float32 on the model's device."""
         out = self.model(
             input_ids=tokens.to(self.device),
             cache=cache.inner,
             use_cache=True,
             logits_to_keep=num_logits or 0,
         )
-        return out.logits.float().cpu()
+        return out.logits.float()  # stays on the model's device: sampling and verification follow it
 
     def __repr__(self) -> str:
         return f"HFModel({self.name}, {self.dtype}, {self.device})"
