@@ -69,7 +69,7 @@ class Engine:
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self._admitted = 0  # waiting + running
-        self._recent_seconds = 1.0  # running mean of a generation's duration, for Retry-After
+        self._service_seconds = 1.0  # running mean of one generation's run time (not its wait), for Retry-After
         self._worker = threading.Thread(target=self._run, name="specdecode-engine", daemon=True)
         self._worker.start()
 
@@ -95,7 +95,7 @@ class Engine:
         self.check_draft(job.request.draft)
         with self._lock:
             if self._admitted >= self.max_queue + 1:
-                retry = max(1, math.ceil(self._recent_seconds * self._admitted))
+                retry = max(1, math.ceil(self._service_seconds * self._admitted))  # until the queue drains
                 raise RequestError(429, f"the server is busy: {self._admitted - 1} requests are waiting "
                                         f"(at most {self.max_queue}); retry in about {retry} s",
                                    None, "queue_full", type="rate_limit_error", headers={"Retry-After": str(retry)})
@@ -117,15 +117,18 @@ class Engine:
 
     def _run(self) -> None:
         while (job := self._queue.get()) is not None:
+            start = time.perf_counter()
+            ran = not job.cancelled.is_set()
             try:
-                if not job.cancelled.is_set():
+                if ran:
                     self._generate(job)
             except Exception as err:  # a failed generation fails its request, never the worker
                 job.emit("error", f"generation failed: {type(err).__name__}: {err}")
             finally:
                 with self._lock:
                     self._admitted -= 1
-                    self._recent_seconds = 0.8 * self._recent_seconds + 0.2 * (time.perf_counter() - job.submitted)
+                    if ran:
+                        self._service_seconds = 0.8 * self._service_seconds + 0.2 * (time.perf_counter() - start)
                 if self.on_finish:
                     self.on_finish(job)
 
