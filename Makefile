@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 # CPU build from the local wheel; an unpinned torch would pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
-PROMPT ?= Summarize in one sentence: Speculative decoding lets a cheap draft model guess several tokens, and the large target model checks all of them in one forward pass, keeping the ones it would have produced itself.
+PROMPT ?= Correct the spelling in this text and return it in full: 'The quick brown fox jumpd over the lazy dog. Then the fox ran into the forrest and hid behind a big old tree until the sun went down.'
 
 .PHONY: setup demo test bench
 setup: $(VENV)/.installed
@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(VENV)/bin/specdecode generate "$(PROMPT)"
+	$(VENV)/bin/specdecode generate --compare "$(PROMPT)"
 
 test: setup
 	$(VENV)/bin/python -m pytest -q

@@ -38,10 +38,12 @@ def _model_options(with_draft: bool = True) -> argparse.ArgumentParser:
                             help="'lookup' for prompt lookup (default), 'trained' for the draft network shipped for "
                                  "the embedded target, a draft model path, lookup+MODEL (copy where the text "
                                  "repeats, MODEL elsewhere, e.g. lookup+trained), or ngram:FILE.npz")
-    common.add_argument("--backend", default="hf", choices=["hf", "llama.cpp"],
-                        help="hf: transformers (default); llama.cpp: llama-cpp-python on a .gguf file")
+    common.add_argument("--backend", default="auto", choices=["auto", "hf", "llama.cpp", "native"],
+                        help="native: specdecode's own PyTorch Llama (static KV cache, prepacked bf16 products); "
+                             "hf: transformers; llama.cpp: llama-cpp-python on a .gguf file; auto (default): native "
+                             "for a Llama-family model on the CPU, else hf")
     if with_draft:
-        common.add_argument("--draft-backend", default=None, choices=["hf", "llama.cpp"],
+        common.add_argument("--draft-backend", default=None, choices=["auto", "hf", "llama.cpp", "native"],
                             help="backend of the draft model (default: the target's)")
         common.add_argument("--min-draft-confidence", type=float, default=0.0,
                             help="a draft model stops proposing when its top probability falls below this "
@@ -85,6 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     gen.add_argument("--no-color", action="store_true", help="plain text, no Figure-1 colours")
+    gen.add_argument("--compare", action="store_true",
+                     help="then decode the same prompt plainly (no draft) and print the speedup measured in this run")
 
     ana = commands.add_parser("analyze", help="the paper's formulas for given alpha and cost ratio c")
     ana.add_argument("--alpha", type=float, required=True, help="expected acceptance rate, in [0, 1]")
@@ -129,7 +133,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-anchors", action="store_true",
                        help="leave out the backend's own generate() (plain and prompt lookup) as anchors")
     bench.add_argument("--anchor-lookup-tokens", type=int, default=10,
-                       help="tokens the anchors' own prompt lookup proposes (default 10)")
+                       help="tokens the anchors' own prompt lookup proposes (default 10; 0 leaves those anchors out)")
     bench.add_argument("--out", default="benchmarks/results/latest", help="output directory")
     serve = commands.add_parser("serve", parents=[_model_options()],
                                 help="an OpenAI-compatible HTTP server with speculative decoding")
@@ -179,6 +183,9 @@ def _parser() -> argparse.ArgumentParser:
 def _load_target(args):
     from .models.load import load_model
 
+    from .models.load import resolve_backend
+
+    args.backend = resolve_backend(args.target, args.backend, args.device)  # later steps see a concrete one
     return load_model(args.target, args.backend, args.dtype, args.device, args.threads)
 
 
@@ -217,6 +224,7 @@ def _positive(name: str, value: int) -> None:
 
 
 def cmd_generate(args) -> int:
+    import torch
     from rich.console import Console
 
     from .options import check_gamma, check_lenience, check_max_new_tokens, check_prompt_text, check_stop
@@ -239,6 +247,8 @@ def cmd_generate(args) -> int:
     drafter = _load_drafter(args, target)
     prompt_ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.raw)
     gamma = _gamma_policy(args.gamma, args.max_gamma, target) if drafter is not None else 0
+    if args.compare and drafter is not None:  # warm up once, so neither timed run pays first-call costs
+        target.forward(torch.tensor([prompt_ids]), target.new_cache(), num_logits=1)
     stats = Stats()
     stream = generate(
         target, prompt_ids, drafter, gamma=gamma, params=params, max_new_tokens=args.max_new_tokens,
@@ -257,6 +267,16 @@ def cmd_generate(args) -> int:
     finally:
         stream.close()
     summary = stats.summary()
+    comparison = None
+    if args.compare and drafter is not None and stats.finish_reason != "interrupted":
+        plain = Stats()
+        for _ in generate(target, prompt_ids, None, params=params, max_new_tokens=args.max_new_tokens,
+                          seed=args.seed, stop=args.stop, stats=plain):
+            pass
+        comparison = dict(plain_tokens=plain.new_tokens, plain_tokens_per_second=plain.tokens_per_second,
+                          speedup=stats.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else None,
+                          identical=plain.tokens == stats.tokens if params.is_greedy else None)  # greedy only
+        summary["compare"] = comparison
     if args.json:
         record = {
             "text": "".join(text),
@@ -272,7 +292,13 @@ def cmd_generate(args) -> int:
         print(json.dumps(record, ensure_ascii=False))
     else:
         out.print()
-        Console(stderr=True, no_color=args.no_color, highlight=False, soft_wrap=True).print(format_summary(stats), style="dim")
+        err = Console(stderr=True, no_color=args.no_color, highlight=False, soft_wrap=True)
+        err.print(format_summary(stats), style="dim")
+        if comparison:
+            same = {True: " | same output: yes", False: " | same output: no", None: ""}[comparison["identical"]]
+            err.print(f"plain decoding of the same prompt: {comparison['plain_tokens']} tokens, "
+                      f"{comparison['plain_tokens_per_second']:.1f} tokens/s | speculative speedup "
+                      f"{comparison['speedup']:.2f}x{same}")
     return 130 if stats.finish_reason == "interrupted" else 0
 
 
@@ -421,6 +447,8 @@ def cmd_bench(args) -> int:
     _positive("--max-new-tokens", args.max_new_tokens)
     if len(args.draft) > 1:
         raise ValueError("bench takes at most one --draft model")
+    if args.anchor_lookup_tokens < 0:
+        raise ValueError(f"--anchor-lookup-tokens must be >= 0, got {args.anchor_lookup_tokens}")
     prompts = load_prompts(args.prompts, args.categories, args.per_category)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -439,12 +467,20 @@ def cmd_bench(args) -> int:
 
         drafters["lookup+draft"] = lambda: LookupThenModelDrafter(ModelDrafter(draft))
         methods += [Method("draft", g) for g in args.gamma] + [Method("lookup+draft", g) for g in args.gamma]
-    if not args.no_anchors and args.backend == "hf":
-        methods += [Method("hf"), Method("hf-lookup", args.anchor_lookup_tokens)]
+    anchors = {}
+    if not args.no_anchors and args.backend in ("hf", "native"):
+        methods += [Method("hf")] + ([Method("hf-lookup", args.anchor_lookup_tokens)] if args.anchor_lookup_tokens else [])
         if draft is not None and hasattr(draft, "model"):  # a transformers draft: generate()'s assisted decoding
             methods.append(Method("hf-assisted"))
-    elif not args.no_anchors:
-        methods += [Method("llama.cpp"), Method("llama.cpp-lookup", args.anchor_lookup_tokens)]
+    if not args.no_anchors and args.backend in ("llama.cpp", "native"):
+        methods += [Method("llama.cpp")] + ([Method("llama.cpp-lookup", args.anchor_lookup_tokens)]
+                                            if args.anchor_lookup_tokens else [])
+    if not args.no_anchors and args.backend == "native":  # the anchors run the same GGUF on their own runtimes
+        from .models.load import load_model
+
+        source = args.target or None
+        anchors = {"hf": load_model(source, "hf", args.dtype, args.device, args.threads),
+                   "llama.cpp": load_model(source, "llama.cpp", args.dtype, args.device, args.threads)}
     total = len(prompts) * len(args.temperatures) * len(methods)
     with Progress(transient=False) as progress:
         task = progress.add_task("profiling target", total=total)
@@ -452,12 +488,13 @@ def cmd_bench(args) -> int:
         progress.update(task, description="benchmarking")
         runs = run_benchmark(target, prompts, methods, args.temperatures, args.max_new_tokens, args.seed, draft,
                              on_run=lambda run: progress.advance(task),
-                             gamma_policy=lambda g: _gamma_policy(g, args.max_gamma, target), drafters=drafters)
+                             gamma_policy=lambda g: _gamma_policy(g, args.max_gamma, target), drafters=drafters,
+                             anchors=anchors)
     rows = aggregate(runs, profile)
     meta = dict(command="specdecode " + " ".join(sys.argv[1:]), machine=platform.platform(),
                 processor=platform.processor() or platform.machine(), threads=torch.get_num_threads(),
-                torch=torch.__version__, target=getattr(target, "name", None), backend=args.backend,
-                dtype=args.dtype if args.backend == "hf" else "gguf",
+                torch=torch.__version__, target=target.name, backend=args.backend,
+                dtype="gguf" if args.backend == "llama.cpp" else str(getattr(target, "dtype", args.dtype)),
                 max_new_tokens=args.max_new_tokens, prompts=len(prompts),
                 target_step_seconds=profile.step_seconds, verify_ratios=profile.verify_ratios)
     (out / "results.json").write_text(json.dumps(
@@ -546,6 +583,8 @@ def cmd_distill(args) -> int:
         raise ValueError("--data-minutes and --train-minutes must be positive")
     if args.lr <= 0:
         raise ValueError(f"--lr must be positive, got {args.lr}")
+    if args.backend == "auto":
+        args.backend = "hf"
     if args.backend != "hf":
         raise ValueError("distill generates its corpus on the transformers backend; use --backend hf")
     out = os.path.abspath(args.out)

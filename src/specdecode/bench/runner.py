@@ -105,19 +105,21 @@ def llamacpp_generate(target, ids: list[int], params: SamplingParams, max_new_to
 
 
 def run_one(target, prompt: Prompt, ids: list[int], method: Method, params: SamplingParams, max_new_tokens: int,
-            seed: int, draft=None, keep_timeline: bool = False, gamma_policy=None, drafters=None) -> Run:
+            seed: int, draft=None, keep_timeline: bool = False, gamma_policy=None, drafters=None,
+            anchors=None) -> Run:
     """One generation. `gamma_policy` turns a method's gamma into what the decode loop takes (for
-    "auto": a fresh AdaptiveGamma); `drafters` maps further method names to drafter factories."""
+    "auto": a fresh AdaptiveGamma); `drafters` maps further method names to drafter factories;
+    `anchors` maps "hf" / "llama.cpp" to the models their anchors run on (default: the target)."""
     base = dict(prompt_id=prompt.id, category=prompt.category, task=prompt.task, method=method.name,
                 gamma=method.gamma, temperature=params.temperature, prompt_tokens=len(ids))
     if method.name.startswith(("hf", "llama.cpp")):
         start = time.perf_counter()
         if method.name.startswith("hf"):
-            tokens = hf_generate(target, ids, params, max_new_tokens, seed,
+            tokens = hf_generate((anchors or {}).get("hf", target), ids, params, max_new_tokens, seed,
                                  assistant=draft if method.name == "hf-assisted" else None,
                                  prompt_lookup=method.gamma if method.name == "hf-lookup" else None)
         else:
-            tokens = llamacpp_generate(target, ids, params, max_new_tokens, seed,
+            tokens = llamacpp_generate((anchors or {}).get("llama.cpp", target), ids, params, max_new_tokens, seed,
                                        prompt_lookup=method.gamma if method.name == "llama.cpp-lookup" else None)
         wall = time.perf_counter() - start
         return Run(**base, new_tokens=len(tokens), wall_seconds=wall, tokens=tokens)
@@ -140,7 +142,8 @@ def run_one(target, prompt: Prompt, ids: list[int], method: Method, params: Samp
 
 def run_benchmark(target, prompts: Sequence[Prompt], methods: Sequence[Method], temperatures: Sequence[float],
                   max_new_tokens: int, seed: int = 0, draft=None, chat: bool = True,
-                  on_run: Callable[[Run], None] | None = None, gamma_policy=None, drafters=None) -> list[Run]:
+                  on_run: Callable[[Run], None] | None = None, gamma_policy=None, drafters=None,
+                  anchors=None) -> list[Run]:
     """Every method on every prompt and temperature; the baseline first for each (prompt, temperature)."""
     if Method("baseline") not in methods:
         methods = [Method("baseline"), *methods]
@@ -153,7 +156,7 @@ def run_benchmark(target, prompts: Sequence[Prompt], methods: Sequence[Method], 
             for method in methods:
                 run = run_one(target, prompt, ids, method, params, max_new_tokens, seed, draft,
                               keep_timeline=(prompt is prompts[0] and temperature == temperatures[0]),
-                              gamma_policy=gamma_policy, drafters=drafters)
+                              gamma_policy=gamma_policy, drafters=drafters, anchors=anchors)
                 if method.name == "baseline":
                     baseline_tokens = run.tokens
                 if params.is_greedy:

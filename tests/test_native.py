@@ -1,0 +1,132 @@
+"""The native PyTorch Llama backend: its products' batch invariance, agreement with transformers,
+exact rollback, greedy identity of speculative decoding, and losslessness on the real model."""
+
+import pytest
+import torch
+
+from specdecode import (AdaptiveGamma, ModelDrafter, PromptLookupDrafter, SamplingParams, autoregressive_decode,
+                        encode_prompt, speculative_decode)
+from specdecode.models.native import Linear, bf16_supported
+from stats import chi2_pvalue
+from realmodel import COPY_PROMPT, GREEDY, lookup_and_plain_greedy, tokens_of
+
+needs_bf16 = pytest.mark.skipif(not bf16_supported(), reason="this CPU has no bf16 units (AVX512-BF16 or AMX): "
+                                "the native backend runs float32 here, and the bf16 kernels are not used")
+
+
+@needs_bf16
+def test_a_wide_product_gives_each_row_the_same_result_however_many_rows_share_it():
+    """K = 1536 (SmolLM2's down projection): one oneDNN call over 1536 inputs sums in an order that
+    depends on the row count; split into chunks of <= 1024 it does not."""
+    gen = torch.Generator().manual_seed(0)
+    weight = (torch.randn(576, 1536, generator=gen) * 0.05).bfloat16()
+    split = Linear(weight)
+    assert split.splits == [768, 768]
+    whole = Linear(weight[:, :1024])  # within the limit: one call
+    for _ in range(5):
+        x = torch.randn(16, 1536, generator=gen).bfloat16()
+        alone = torch.cat([split(x[i : i + 1]) for i in range(16)])
+        for rows in (2, 5, 8, 16):
+            assert torch.equal(split(x[:rows]), alone[:rows])
+        assert torch.equal(whole(x[:8, :1024]), torch.cat([whole(x[i : i + 1, :1024]) for i in range(8)]))
+
+
+
+
+@pytest.fixture(scope="module")
+def native():
+    from specdecode.models.load import load_model
+
+    return load_model(None, backend="native", dtype="bfloat16")
+
+
+@pytest.mark.slow
+def test_float32_logits_agree_with_transformers():
+    from specdecode.models.load import load_model
+
+    native = load_model(None, backend="native", dtype="float32")
+    hf = load_model(None, backend="hf", dtype="float32")
+    assert native.vocab.fingerprint == hf.vocab.fingerprint and native.eos_token_ids == hf.eos_token_ids
+    ids = torch.tensor([list(range(1000, 1300))])  # past one prefill chunk
+    a = native.forward(ids, native.new_cache())
+    b = hf.forward(ids, hf.new_cache())
+    assert a.shape == b.shape == (1, 300, 49152)
+    assert (a - b).abs().max() < 2e-3 and torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", [37, 300])
+def test_a_forward_over_k_tokens_equals_k_single_steps_bit_for_bit(native, context):
+    gen = torch.Generator().manual_seed(context)
+    prefix = torch.randint(0, 5000, (1, context), generator=gen)
+    tokens = torch.randint(0, 5000, (1, 9), generator=gen)
+    batched_cache, single_cache = native.new_cache(), native.new_cache()
+    native.forward(prefix, batched_cache, num_logits=1)
+    native.forward(prefix, single_cache, num_logits=1)
+    singles = torch.cat([native.forward(tokens[:, i : i + 1], single_cache) for i in range(9)], dim=1)
+    for k in (9, 5, 2):
+        assert torch.equal(native.forward(tokens[:, :k], batched_cache), singles[:, :k])
+        batched_cache.trim(k)
+    assert len(batched_cache) == context and len(single_cache) == context + 9
+
+
+@pytest.mark.slow
+def test_rollback_is_exact_and_logits_come_only_where_asked(native):
+    cache = native.new_cache()
+    assert native.forward(torch.tensor([[1, 2, 3, 4]]), cache, num_logits=1).shape == (1, 1, 49152)
+    first = native.forward(torch.tensor([[1000, 2000, 3000]]), cache)
+    cache.trim(3)
+    assert torch.equal(first, native.forward(torch.tensor([[1000, 2000, 3000]]), cache)) and len(cache) == 7
+    with pytest.raises(ValueError, match="cannot trim"):
+        cache.trim(8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prompt", [COPY_PROMPT, "Write a short story about a robot who learns to paint."])
+def test_greedy_prompt_lookup_equals_plain_greedy_in_bf16(native, prompt):
+    ids = encode_prompt(native.tokenizer, prompt)
+    plain = tokens_of(autoregressive_decode(native, ids, params=GREEDY, max_new_tokens=64))
+    for gamma in (4, AdaptiveGamma([0.0, 1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12, 1.14, 1.16])):
+        steps = list(speculative_decode(native, PromptLookupDrafter(), ids, gamma=gamma, params=GREEDY,
+                                        max_new_tokens=64))
+        assert tokens_of(steps) == plain and len(plain) > 10
+
+
+@pytest.mark.slow
+def test_speculative_sampling_matches_the_real_target_over_whole_sequences(native):
+    """The real model under top-k 2 at temperature 1 has 8 three-token continuations; their exact
+    probabilities come from the target itself. Speculative samples with the shipped draft network
+    (a real q) must follow them."""
+    from specdecode.models.load import load_model
+    from specdecode.models.default import trained_draft_path
+
+    params = SamplingParams(temperature=1.0, top_k=2)
+    prompt = list(range(2000, 2012))
+    exact = {}
+
+    def walk(seq, mass):
+        if len(seq) == 3:
+            exact[tuple(seq)] = mass
+            return
+        logits = native.forward(torch.tensor([prompt + seq]), native.new_cache(), num_logits=1)[0, -1]
+        for token, p in enumerate(params.probs(logits).tolist()):
+            if p > 0:
+                walk(seq + [token], mass * p)
+
+    walk([], 1.0)
+    assert len(exact) == 8
+    drafter = ModelDrafter(load_model(str(trained_draft_path())))
+    gen = torch.Generator().manual_seed(0)
+    outcomes = []
+    for _ in range(600):
+        steps = speculative_decode(native, drafter, prompt, gamma=2, params=params, max_new_tokens=3, generator=gen,
+                                   eos_token_ids=[])
+        outcomes.append(tuple(t for s in steps for t in s.tokens))
+    assert chi2_pvalue(outcomes, exact) > 1e-3
+
+
+@pytest.mark.slow
+def test_lookup_drafts_are_accepted_on_a_copy_prompt(native):
+    steps, plain = lookup_and_plain_greedy(native, gamma=4, max_new_tokens=32)
+    assert tokens_of(steps) == plain
+    assert sum(s.num_accepted for s in steps) > 0 and len(steps) < 32
