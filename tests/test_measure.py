@@ -73,6 +73,13 @@ def test_profile_is_measured_once_and_cached(tmp_path, monkeypatch):
     assert len(files) == 1 and json.loads(files[0].read_text())["verify_ratios"] == profile.verify_ratios
     calls = target.calls
     assert profile_model(target, max_k=4, context=8, repeats=3) == profile and target.calls == calls
+
+    class OtherBackend(type(target)):  # the same model file on another backend is measured anew
+        pass
+
+    other = OtherBackend(3, seed=1, name="toy-target")
+    profile_model(other, max_k=4, context=8, repeats=3)
+    assert other.calls > 0 and len(list((tmp_path / "profiles").glob("toy-target-*.json"))) == 2
     assert drafter_step_seconds(ModelDrafter(draft), list(range(5)), repeats=3) > 0
 
 

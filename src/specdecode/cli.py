@@ -457,15 +457,15 @@ def cmd_bench(args) -> int:
     methods = [Method("baseline")] + [Method("lookup", g) for g in args.gamma]
     drafters = {}
     if args.ngram:
-        from .drafters.ngram import NgramDrafter
+        from .drafters.spec import NGRAM, make_drafter
 
-        NgramDrafter.load(args.ngram)  # fail before any run on a bad file
-        drafters["ngram"] = lambda: NgramDrafter.load(args.ngram)  # fresh counts for every run
+        make_drafter(NGRAM + args.ngram, target)  # fail before any run on a bad file
+        drafters["ngram"] = lambda: make_drafter(NGRAM + args.ngram, target)  # fresh counts for every run
         methods += [Method("ngram", g) for g in args.gamma]
     if draft is not None:
-        from .drafters import LookupThenModelDrafter, ModelDrafter
+        from .drafters.spec import HYBRID, make_drafter
 
-        drafters["lookup+draft"] = lambda: LookupThenModelDrafter(ModelDrafter(draft))
+        drafters["lookup+draft"] = lambda: make_drafter(HYBRID + args.draft[0], target, draft_model=draft)
         methods += [Method("draft", g) for g in args.gamma] + [Method("lookup+draft", g) for g in args.gamma]
     anchors = {}
     if not args.no_anchors and args.backend in ("hf", "native"):

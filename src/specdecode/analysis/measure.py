@@ -113,11 +113,13 @@ def time_forward(model: Model, k: int, context: int = 256, repeats: int = 7) -> 
 
 def profile_model(model: Model, max_k: int = 16, context: int = 256, repeats: int = 7, use_cache: bool = True,
                   progress=None) -> Profile:
-    """T(1) and the verification curve T(k)/T(1) for k = 1..max_k; cached per model, dtype and threads."""
+    """T(1) and the verification curve T(k)/T(1) for k = 1..max_k; cached per model, backend, dtype
+    and threads (the same file runs at very different speeds on different backends)."""
     dtype = str(getattr(model, "dtype", "unknown")).replace("torch.", "")
     threads = getattr(model, "n_threads", None) or torch.get_num_threads()
     name = model.name
-    path = cache_root() / "profiles" / f"{name}-{dtype}-{threads}t-ctx{context}-k{max_k}.json"
+    backend = type(model).__name__
+    path = cache_root() / "profiles" / f"{name}-{backend}-{dtype}-{threads}t-ctx{context}-k{max_k}.json"
     if use_cache and path.exists():
         return Profile(**json.loads(path.read_text()))
     times = {}
