@@ -30,7 +30,7 @@ def prompts(tmp_path):
 
 def test_bench_writes_table_json_and_charts(prompts, tmp_path):
     out = tmp_path / "bench"
-    result = run("bench", "--prompts", str(prompts), "--gamma", "2", "--max-new-tokens", "12",
+    result = run("bench", "--backend", "hf", "--prompts", str(prompts), "--gamma", "2", "--max-new-tokens", "12",
                  "--temperatures", "0", "1", "--out", str(out))
     assert result.returncode == 0, result.stderr[-2000:]
     record = json.loads((out / "results.json").read_text())

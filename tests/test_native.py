@@ -118,7 +118,7 @@ def test_speculative_sampling_matches_the_real_target_over_whole_sequences(nativ
     drafter = ModelDrafter(load_model(str(trained_draft_path())))
     gen = torch.Generator().manual_seed(0)
     outcomes = []
-    for _ in range(600):
+    for _ in range(300):
         steps = speculative_decode(native, drafter, prompt, gamma=2, params=params, max_new_tokens=3, generator=gen,
                                    eos_token_ids=[])
         outcomes.append(tuple(t for s in steps for t in s.tokens))

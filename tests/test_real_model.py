@@ -52,7 +52,7 @@ def test_greedy_with_a_draft_model_equals_plain_greedy(target, tiny_draft):
     steps = list(speculative_decode(target, ModelDrafter(tiny_draft), ids, gamma=3, params=GREEDY,
                                     max_new_tokens=24))
     assert tokens_of(steps) == expected
-    assert steps[0].proposed and all(len(s.proposed) <= 3 for s in steps)
+    assert steps[1].proposed and all(len(s.proposed) <= 3 for s in steps)  # steps[0]: the prefill, alone
 
 
 def test_hf_cache_trim_rolls_back_exactly(target):

@@ -82,8 +82,9 @@ class NativeCache:
     """Preallocated keys and values; the first `length` positions are valid."""
 
     def __init__(self, layers: int, kv_heads: int, positions: int, head_dim: int, dtype: torch.dtype) -> None:
-        self.k = torch.zeros(layers, kv_heads, positions, head_dim, dtype=dtype)
-        self.v = torch.zeros(layers, kv_heads, positions, head_dim, dtype=dtype)
+        # never read before written: positions past `length` are not attended to
+        self.k = torch.empty(layers, kv_heads, positions, head_dim, dtype=dtype)
+        self.v = torch.empty(layers, kv_heads, positions, head_dim, dtype=dtype)
         self.length = 0
 
     def __len__(self) -> int:
