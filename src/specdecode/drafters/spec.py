@@ -21,7 +21,7 @@ NGRAM = "ngram:"
 
 @dataclass(frozen=True)
 class DraftSpec:
-    """How to build a drafter. `model` loads with the target's settings unless overridden here."""
+    """How to build a drafter; a draft model loads with the target's settings unless `backend` says otherwise."""
 
     spec: str = LOOKUP
     backend: str | None = None  # the draft model's backend (default: the target's)
@@ -50,7 +50,7 @@ class DraftSpec:
         return path
 
 
-def load_draft_model(path: str, target: Model, backend: str = "hf", dtype: str = "bfloat16",
+def load_draft_model(path: str, target: Model, backend: str = "auto", dtype: str = "bfloat16",
                      device: str | None = None, threads: int | None = None) -> Model:
     """A draft model by path ('trained' for the shipped one), checked against the target's vocabulary."""
     from ..models.load import load_model
@@ -62,7 +62,7 @@ def load_draft_model(path: str, target: Model, backend: str = "hf", dtype: str =
     return draft
 
 
-def make_drafter(spec: DraftSpec | str, target: Model, draft_model: Model | None = None, *, backend: str = "hf",
+def make_drafter(spec: DraftSpec | str, target: Model, draft_model: Model | None = None, *, backend: str = "auto",
                  dtype: str = "bfloat16", device: str | None = None, threads: int | None = None):
     """The drafter a spec names. `draft_model` reuses an already loaded draft model (a server builds
     a fresh drafter per request around one loaded model); else it is loaded with these settings."""
