@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..drafters.spec import DraftSpec, make_drafter
+from ..drafters.spec import DraftSpec, load_draft_model, make_drafter
 from ..gamma import AdaptiveGamma
 from ..stats import Stats
 from ..text import generate
@@ -61,8 +61,6 @@ class Engine:
             spec = DraftSpec(spec)
             model = None
             if spec.model_path is not None:
-                from ..drafters.spec import load_draft_model
-
                 model = load_draft_model(spec.model_path, target, **load_options)
             self._factories[name] = (lambda spec=spec, model=model: make_drafter(spec, target, draft_model=model))
         self._verify_ratios = None
@@ -76,10 +74,6 @@ class Engine:
     @property
     def drafts(self) -> list[str]:
         return list(self._factories)
-
-    @property
-    def waiting(self) -> int:
-        return self._queue.qsize()
 
     @property
     def in_flight(self) -> int:
