@@ -111,7 +111,8 @@ def speculative_decode(
         room = max_new_tokens - emitted - 1
         if limit:
             room = min(room, limit - len(context) - 1)
-        g, shadow = policy.plan(room) if len(cache) else (0, False)
+        prefill = len(cache) == 0
+        g, shadow = (0, False) if prefill else policy.plan(room)
 
         # 2. Draft.
         t0 = time.perf_counter()
@@ -137,7 +138,7 @@ def speculative_decode(
         #    were accepted nothing is trimmed, and the drafter catches up on its last token itself.
         cache.trim(g - n)
         drafter.accept(n)
-        if unseen.shape[1] == 1:  # the prefill says nothing about step costs
+        if not prefill:  # the prefill says nothing about step costs
             policy.observe(betas, g + 1, t2 - t1, t1 - t0, g or (shadow_draft.gamma if shadow_draft else 0))
 
         # 6. Stop on EOS, the length limit, or a full context window.
