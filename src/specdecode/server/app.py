@@ -115,7 +115,6 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
         if req.model != model_name:
             raise RequestError(404, f"the model {req.model!r} does not exist; this server serves {model_name!r}",
                                "model", "model_not_found")
-        engine.check_draft(req.draft)
         ids = encode(req)
         window = target.max_positions
         if window and len(ids) >= window:
@@ -126,7 +125,10 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
         engine.submit(job)
         return job
 
-    def envelope(job: Job, kind: str, rid: str, chunk: bool) -> dict:
+    def new_id(kind: str) -> str:
+        return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+
+    def envelope(kind: str, rid: str, chunk: bool) -> dict:
         obj = {("chat", False): "chat.completion", ("chat", True): "chat.completion.chunk",
                ("completion", False): "text_completion", ("completion", True): "text_completion"}[(kind, chunk)]
         return {"id": rid, "object": obj, "created": int(time.time()), "model": model_name}
@@ -156,13 +158,12 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
         finally:
             job.cancelled.set()  # a no-op once done; stops the generation if this handler was cancelled
         text, finish = "".join(pieces), FINISH[job.stats.finish_reason]
-        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
                   if kind == "chat" else {"index": 0, "text": text, "finish_reason": finish, "logprobs": None})
-        return {**envelope(job, kind, rid, False), "choices": [choice], "usage": usage(job)}
+        return {**envelope(kind, new_id(kind), False), "choices": [choice], "usage": usage(job)}
 
     async def stream(job: Job, kind: str):
-        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        rid = new_id(kind)
 
         def chunk(text: str | None, finish: str | None = None, role: bool = False, **extra) -> str:
             if kind == "chat":
@@ -170,7 +171,7 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
                 choice = {"index": 0, "delta": delta, "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
-            return "data: " + json.dumps({**envelope(job, kind, rid, True), "choices": [choice], **extra}) + "\n\n"
+            return "data: " + json.dumps({**envelope(kind, rid, True), "choices": [choice], **extra}) + "\n\n"
 
         try:
             if kind == "chat":
