@@ -6,7 +6,7 @@ import torch
 
 from specdecode import (AdaptiveGamma, ModelDrafter, PromptLookupDrafter, SamplingParams, autoregressive_decode,
                         encode_prompt, speculative_decode)
-from specdecode.models.native import Linear, bf16_supported
+from specdecode.models.native import Int4Linear, Linear, bf16_supported, load_native
 from stats import chi2_pvalue
 from realmodel import COPY_PROMPT, GREEDY, lookup_and_plain_greedy, tokens_of
 
@@ -33,11 +33,77 @@ def test_a_wide_product_gives_each_row_the_same_result_however_many_rows_share_i
 
 
 
-@pytest.fixture(scope="module")
-def native():
+def q4_grid(out_features, in_features, gen):
+    """A weight made the way a Q4_1 file holds it: 4-bit values q, w = d q + m per 32 inputs."""
+    q = torch.randint(0, 16, (out_features, in_features // 32, 32), generator=gen).float()
+    q[..., 0], q[..., 1] = 0, 15  # Q4_1 maps each group's minimum to 0 and its maximum to 15
+    d = torch.rand(out_features, in_features // 32, 1, generator=gen) * 0.01 + 1e-3
+    m = -torch.rand(out_features, in_features // 32, 1, generator=gen) * 0.05
+    return (q * d + m).view(out_features, in_features)
+
+
+def test_int4_products_hold_a_q4_grid_exactly_and_refuse_anything_else():
+    gen = torch.Generator().manual_seed(0)
+    weight = q4_grid(96, 1536, gen)
+    linear = Int4Linear.quantize(weight, torch.float32)
+    assert linear is not None and linear.out_features == 96
+    torch.testing.assert_close(linear(torch.eye(1536)), weight.t(), rtol=0, atol=1e-6)  # x = I reads W back
+    assert Int4Linear.quantize(torch.randn(96, 1536, generator=gen), torch.float32) is None  # not a 4-bit grid
+    assert Int4Linear.quantize(weight[:, :1000], torch.float32) is None  # groups of 32 do not tile 1000 inputs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if bf16_supported() else [torch.float32])
+def test_int4_product_rows_do_not_depend_on_how_many_rows_share_it(dtype):
+    gen = torch.Generator().manual_seed(1)
+    linear = Int4Linear.quantize(q4_grid(576, 1536, gen), dtype)
+    x = torch.randn(16, 1536, generator=gen).to(dtype)
+    alone = torch.cat([linear(x[i : i + 1]) for i in range(16)])
+    for rows in range(2, 17):
+        assert torch.equal(linear(x[:rows]), alone[:rows])
+
+
+def tiny_llama(directory, grid: bool):
+    """A 2-layer Llama directory; its block products 4-bit grids or plain random floats."""
+    from tokenizers import Tokenizer, models
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    config = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
+    model = LlamaForCausalLM(config)
+    if grid:
+        gen = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "layers" in name and param.dim() == 2:
+                    param.copy_(q4_grid(*param.shape, gen))
+    model.save_pretrained(directory)
+    vocab = {f"w{i}": i for i in range(100)}
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="w0"))).save_pretrained(
+        directory)
+    return directory
+
+
+def test_auto_runs_4_bit_weights_as_4_bit_and_anything_else_in_bf16(tmp_path):
+    grid, plain = tiny_llama(tmp_path / "grid", True), tiny_llama(tmp_path / "plain", False)
+    wide = "bfloat16" if bf16_supported() else "float32"
+    assert load_native(grid, "auto").dtype == "int4" and load_native(plain, "auto").dtype == wide
+    with pytest.raises(ValueError, match="layer 0's qkv product of plain is not 4-bit groups of 32"):
+        load_native(plain, "int4")
+    # the same model through 4-bit and float32 products: the same function of the tokens
+    ids = torch.tensor([[5, 17, 3, 99, 42]])
+    int4, full = load_native(grid, "int4"), load_native(grid, "float32")
+    a, b = int4.forward(ids, int4.new_cache()), full.forward(ids, full.new_cache())
+    assert (a - b).abs().max() < 0.05 * b.abs().max() and torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+@pytest.fixture(scope="module", params=["auto", "bfloat16"])
+def native(request):
+    """The embedded target as the native backend runs it by default (4-bit), and in bf16."""
     from specdecode.models.load import load_model
 
-    return load_model(None, backend="native", dtype="bfloat16")
+    model = load_model(None, backend="native", dtype=request.param)
+    assert model.dtype == ("int4" if request.param == "auto" else "bfloat16" if bf16_supported() else "float32")
+    return model
 
 
 @pytest.mark.slow
@@ -83,7 +149,7 @@ def test_rollback_is_exact_and_logits_come_only_where_asked(native):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("prompt", [COPY_PROMPT, "Write a short story about a robot who learns to paint."])
-def test_greedy_prompt_lookup_equals_plain_greedy_in_bf16(native, prompt):
+def test_greedy_prompt_lookup_equals_plain_greedy(native, prompt):
     ids = encode_prompt(native.tokenizer, prompt)
     plain = tokens_of(autoregressive_decode(native, ids, params=GREEDY, max_new_tokens=64))
     for gamma in (4, AdaptiveGamma([0.0, 1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12, 1.14, 1.16])):

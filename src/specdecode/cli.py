@@ -49,7 +49,9 @@ def _model_options(with_draft: bool = True) -> argparse.ArgumentParser:
                             help="a draft model stops proposing when its top probability falls below this "
                                  "(default 0: always propose gamma tokens)")
     common.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's setting)")
-    common.add_argument("--dtype", default="bfloat16", help="bfloat16 (default, faster on CPU) or float32 (hf only)")
+    common.add_argument("--dtype", default="auto",
+                        help="auto (default: on the native backend 4-bit products where the weights are 4-bit "
+                             "groups, as a Q4_1 GGUF's are, else bfloat16), int4 (native only), bfloat16 or float32")
     common.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     return common
 
@@ -479,7 +481,8 @@ def cmd_bench(args) -> int:
         from .models.load import load_model
 
         source = args.target or None
-        anchors = {"hf": load_model(source, "hf", args.dtype, args.device, args.threads),
+        hf_dtype = "float32" if args.dtype == "float32" else "bfloat16"  # transformers has no 4-bit path here
+        anchors = {"hf": load_model(source, "hf", hf_dtype, args.device, args.threads),
                    "llama.cpp": load_model(source, "llama.cpp", args.dtype, args.device, args.threads)}
     total = len(prompts) * len(args.temperatures) * len(methods)
     with Progress(transient=False) as progress:

@@ -50,7 +50,7 @@ class DraftSpec:
         return path
 
 
-def load_draft_model(path: str, target: Model, backend: str = "auto", dtype: str = "bfloat16",
+def load_draft_model(path: str, target: Model, backend: str = "auto", dtype: str = "auto",
                      device: str | None = None, threads: int | None = None) -> Model:
     """A draft model by path ('trained' for the shipped one), checked against the target's vocabulary."""
     from ..models.load import load_model
@@ -63,7 +63,7 @@ def load_draft_model(path: str, target: Model, backend: str = "auto", dtype: str
 
 
 def make_drafter(spec: DraftSpec | str, target: Model, draft_model: Model | None = None, *, backend: str = "auto",
-                 dtype: str = "bfloat16", device: str | None = None, threads: int | None = None):
+                 dtype: str = "auto", device: str | None = None, threads: int | None = None):
     """The drafter a spec names. `draft_model` reuses an already loaded draft model (a server builds
     a fresh drafter per request around one loaded model); else it is loaded with these settings."""
     from . import LookupThenModelDrafter, ModelDrafter, NgramDrafter, PromptLookupDrafter

@@ -29,9 +29,12 @@ def resolve_backend(path: str | None, backend: str = "auto", device: str | None 
     return "native" if model_type == "llama" and on_cpu else "hf"
 
 
-def load_model(path: str | None = None, backend: str = "auto", dtype: str = "bfloat16", device: str | None = None,
+def load_model(path: str | None = None, backend: str = "auto", dtype: str = "auto", device: str | None = None,
                threads: int | None = None, n_ctx: int = 4096):
-    """Load a model by path (None: the embedded default target) on the chosen backend."""
+    """Load a model by path (None: the embedded default target) on the chosen backend.
+
+    dtype "auto": on the native backend 4-bit products where the weights are 4-bit groups (a Q4_1
+    GGUF, see `native.Int4Linear`), else bf16; bf16 on transformers; llama.cpp runs the GGUF's own."""
     from .default import default_target_path
 
     if backend not in BACKENDS:
@@ -61,6 +64,9 @@ def load_model(path: str | None = None, backend: str = "auto", dtype: str = "bfl
         if device not in (None, "cpu"):
             raise ValueError(f"the native backend runs on the CPU; got --device {device}")
         return load_native(path, dtype=dtype, max_positions=n_ctx)
+    if dtype == "int4":
+        raise ValueError("--dtype int4 runs on the native backend only (--backend native, a Llama-family model "
+                         "on the CPU)")
     from .hf import load_hf
 
-    return load_hf(path, dtype=dtype, device=device)
+    return load_hf(path, dtype="bfloat16" if dtype == "auto" else dtype, device=device)

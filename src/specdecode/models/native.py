@@ -1,29 +1,29 @@
 """A native PyTorch Llama for CPU targets, in the spirit of gpt-fast: a static KV cache and as few,
-as large operations per token as the architecture allows.
+as cheap operations per token as the architecture allows.
 
-Why. Speculative decoding pays only where one forward over k tokens costs about one step. On a CPU
-PyTorch's bf16 matrix products (oneDNN; AMX or AVX512-BF16 units) cost nearly the same for 1 or 16
-rows, but transformers spends most of a step in Python and small ops, and llama.cpp's quantised
-products are compute-bound (verifying k tokens costs ~k steps). This backend keeps the flat curve:
+Why. Speculative decoding pays only where one forward over k tokens costs about one step, and a
+CPU decode step is bound by the bytes of weights it reads. transformers spends most of a step in
+Python and small ops; llama.cpp's quantised products are compute-bound (verifying k tokens costs
+~k steps). This backend:
 
-- Weights in bf16 (float32 where the CPU has no bf16 units), each projection group fused into one
-  matrix (q|k|v, gate|up) and reordered once for oneDNN ("prepacked"): `F.linear` would reorder
-  the weight on every call, which measured ~2x slower for bf16 here.
-- A static KV cache [layers, kv_heads, positions, head_dim], preallocated: `trim(n)` moves a
+- Reads 4-bit weights where the model is 4-bit (a Q4_1 GGUF: its own values, see `Int4Linear`),
+  else bf16 (float32 where the CPU has no bf16 units) reordered once for oneDNN (`Linear`); each
+  projection group is one product (q|k|v, gate|up).
+- Keeps a static KV cache [layers, kv_heads, positions, head_dim], preallocated: `trim(n)` moves a
   length counter and rejected positions are simply overwritten by the next forward (gpt-fast).
-- Logits only where the caller needs them (`num_logits`), so a prefill does not run the 49k-wide
-  head over the whole prompt; long prompts prefill in chunks.
+- Runs RMSNorm and the attention of new positions in small C kernels (`kernels.py`), one call each
+  per layer where PyTorch needed eight ops or one call per position.
+- Computes logits only where the caller needs them (`num_logits`), so a prefill does not run the
+  49k-wide head over the whole prompt; long prompts prefill in chunks.
 
 Exactness. Greedy speculative output equals plain greedy output only if a forward over k tokens
-computes each position exactly as single steps do. Row results of the prepacked products do not
-depend on the row count once inputs wider than 1024 are split (see `Linear`), RMSNorm, RoPE and
-the MLP are row-wise, and after the prefill attention runs one query position at a time over
-exactly the keys that position sees, the same shapes whether it came in a batch or alone: so every
-position's logits are bit-identical however the tokens after the prompt are batched (tested), in
-bf16 as in float32. The prefill (a forward into an empty cache) attends with all its queries at
-once, which is fast but rounds by its length: the decode loop therefore prefills the prompt alone,
-plain or speculative, and both see the same cache. The price is one SDPA call per token and layer
-in a verification, which is most of what T(k)/T(1) grows by.
+computes each position exactly as single steps do. Row results of the products do not depend on
+the row count (bf16 inputs wider than 1024 are split, see `Linear`), RMSNorm, RoPE and the MLP are
+row-wise, and after the prefill each position attends alone over exactly the keys it sees: so
+every position's logits are bit-identical however the tokens after the prompt are batched (tested).
+The prefill (a forward into an empty cache) attends with all its queries at once, which is fast
+but rounds by its length: the decode loop therefore prefills the prompt alone, plain or
+speculative, and both see the same cache.
 
 Loads the Llama family (SmolLM2, Llama 2/3 shapes; default RoPE) from a transformers directory or
 a GGUF file (dequantised once, as the `hf` backend does).
@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import Vocabulary
+from .kernels import make_kernels
 
 
 def bf16_supported() -> bool:
@@ -78,6 +79,49 @@ class Linear:
         return y
 
 
+class Int4Linear:
+    """y = x W^T with W held as 4-bit integers in groups of 32 inputs, each group with a scale and a
+    minimum: w = scale * q + minimum, q in 0..15 (the GGUF Q4_1 block format). PyTorch's CPU kernel
+    (`_weight_int4pack_mm_for_cpu`) reads a quarter of the bf16 bytes, which is what a decode step
+    is bound by: measured here over SmolLM2's 120 block products, 5.8 ms a step against 15.7 ms in
+    prepacked bf16 for 1 row, 8.1 against 15.1 ms for 4 rows, even at 8 rows.
+
+    `quantize` returns None unless the weight already is such a grid (every weight reproduced to
+    within a thousandth of its group's step): a model dequantised from Q4_1 is run on its own
+    4-bit values, never a lossy requantisation of another format. Scale and offset are held in the
+    activation dtype (bf16: the same rounding a bf16 copy of each weight would have). Row results do
+    not depend on the row count (tested with the other batch-invariance tests).
+    """
+
+    GROUP = 32
+
+    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, out_features: int) -> None:
+        self.packed = packed  # the kernel's packed layout of q [out, in]
+        self.scales_zeros = scales_zeros  # [in / GROUP, out, 2]: scale and the offset of q = 8
+        self.out_features = out_features
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, dtype: torch.dtype) -> Int4Linear | None:
+        """weight [out, in] (float) -> an Int4Linear holding exactly its values, or None."""
+        N, K = weight.shape
+        if K % cls.GROUP:
+            return None
+        w = weight.float().view(N, K // cls.GROUP, cls.GROUP)
+        low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)  # [N, K/G, 1]
+        scale = (high - low) / 15
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        q = ((w - low) / scale).round_().clamp_(0, 15)
+        if ((q * scale + low - w).abs() > scale * 1e-3).any():
+            return None
+        packed = torch._convert_weight_to_int4pack_for_cpu(q.view(N, K).to(torch.int32), 1)
+        # the kernel computes (q - 8) * scale + offset
+        scales_zeros = torch.cat([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous().to(dtype)
+        return cls(packed, scales_zeros, N)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        return torch._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed, self.GROUP, self.scales_zeros)
+
+
 class NativeCache:
     """Preallocated keys and values; the first `length` positions are valid."""
 
@@ -96,24 +140,14 @@ class NativeCache:
         self.length -= n
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama's RMSNorm, computed in float32 as transformers does: x [T, D] -> [T, D]."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class NativeLlama:
     """A Llama-family causal LM behind the model protocol (batch size 1)."""
 
     PREFILL_CHUNK = 256
 
-    def __init__(self, directory: str | os.PathLike, dtype: str = "bfloat16", name: str | None = None,
+    DTYPES = ("auto", "int4", "bfloat16", "float32")
+
+    def __init__(self, directory: str | os.PathLike, dtype: str = "auto", name: str | None = None,
                  max_positions: int | None = 4096) -> None:
         from safetensors.torch import load_file
         from transformers import AutoTokenizer
@@ -127,9 +161,10 @@ class NativeLlama:
         if rope.get("rope_type", rope.get("type", "default")) != "default":
             raise ValueError(f"the native backend supports default RoPE only, not {rope.get('rope_type')!r}: "
                              "use --backend hf")
-        if dtype not in ("bfloat16", "float32"):
-            raise ValueError(f"the native backend runs bfloat16 or float32, not {dtype!r}")
-        self.dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+        if dtype not in self.DTYPES:
+            raise ValueError(f"the native backend runs {', '.join(self.DTYPES)}, not {dtype!r}")
+        # activations: bf16 where the CPU has bf16 units (load_native turns "bfloat16" into float32 elsewhere)
+        self.compute_dtype = torch.float32 if dtype == "float32" or not bf16_supported() else torch.bfloat16
         self.name = name or directory.name
         self.device = torch.device("cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
@@ -150,31 +185,55 @@ class NativeLlama:
         self.max_positions = min(limit, max_positions) if max_positions else limit
         theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
 
-        w = {k: v.to(self.dtype) for k, v in load_file(directory / "model.safetensors").items()}
+        w = load_file(directory / "model.safetensors")
+        products = [self._block_products(w, i) for i in range(self.layers)]
+        linears = self._int4(products, strict=dtype == "int4") if dtype in ("int4", "auto") else None
+        self.dtype = "int4" if linears else str(self.compute_dtype).removeprefix("torch.")
+        if linears is None:
+            linears = [{n: Linear(m.to(self.compute_dtype)) for n, m in b.items()} for b in products]
+        del products
+        w = {k: v.to(self.compute_dtype) for k, v in w.items()}
         p = "model.layers.{}."
         self.embed = w["model.embed_tokens.weight"]  # [V, D]
-        self.blocks = []
-        for i in range(self.layers):
-            g = lambda n: w[p.format(i) + n]  # noqa: E731
-            self.blocks.append(dict(
-                attn_norm=g("input_layernorm.weight"), mlp_norm=g("post_attention_layernorm.weight"),
-                qkv=Linear(torch.cat([g("self_attn.q_proj.weight"), g("self_attn.k_proj.weight"),
-                                      g("self_attn.v_proj.weight")])),
-                o=Linear(g("self_attn.o_proj.weight")),
-                gate_up=Linear(torch.cat([g("mlp.gate_proj.weight"), g("mlp.up_proj.weight")])),
-                down=Linear(g("mlp.down_proj.weight")),
-            ))
+        self.blocks = [dict(attn_norm=w[p.format(i) + "input_layernorm.weight"],
+                            mlp_norm=w[p.format(i) + "post_attention_layernorm.weight"], **linears[i])
+                       for i in range(self.layers)]
         self.norm = w["model.norm.weight"]
+        # the head stays in the activation dtype: a GGUF stores it in 8 bits (Q8_0) or more
         self.head = Linear(w.get("lm_head.weight", self.embed))
         self.vocab_size = self.head.out_features
         inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
         freqs = torch.outer(torch.arange(self.max_positions, dtype=torch.float32), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)  # [P, hd]
-        self.cos, self.sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        self.cos, self.sin = emb.cos().to(self.compute_dtype), emb.sin().to(self.compute_dtype)
         self.n_threads = torch.get_num_threads()
+        self.kernels = make_kernels(self.heads, self.kv_heads, self.head_dim, self.dim, self.compute_dtype)
+
+    @staticmethod
+    def _block_products(w: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
+        """Layer i's four products, each projection group fused into one weight [out, in]."""
+        g = lambda n: w[f"model.layers.{i}.{n}.weight"]  # noqa: E731
+        return dict(qkv=torch.cat([g("self_attn.q_proj"), g("self_attn.k_proj"), g("self_attn.v_proj")]),
+                    o=g("self_attn.o_proj"), gate_up=torch.cat([g("mlp.gate_proj"), g("mlp.up_proj")]),
+                    down=g("mlp.down_proj"))
+
+    def _int4(self, products: list[dict[str, torch.Tensor]], strict: bool) -> list[dict[str, Int4Linear]] | None:
+        """Every block product as 4-bit groups, or None (an error if `strict`) if one is not such a grid."""
+        linears = []
+        for i, b in enumerate(products):
+            linears.append({})
+            for n, m in b.items():
+                linears[-1][n] = Int4Linear.quantize(m, self.compute_dtype)
+                if linears[-1][n] is None:
+                    if strict:
+                        raise ValueError(f"--dtype int4 runs a model on its own 4-bit weights, and layer {i}'s {n} "
+                                         f"product of {self.name} is not 4-bit groups of {Int4Linear.GROUP} (as a "
+                                         f"GGUF Q4_1 file's are): use --dtype bfloat16 or auto")
+                    return None
+        return linears
 
     def new_cache(self) -> NativeCache:
-        return NativeCache(self.layers, self.kv_heads, self.max_positions, self.head_dim, self.dtype)
+        return NativeCache(self.layers, self.kv_heads, self.max_positions, self.head_dim, self.compute_dtype)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: NativeCache, num_logits: int | None = None) -> torch.Tensor:
@@ -192,42 +251,26 @@ class NativeLlama:
             h = self._layers(ids[start : start + self.PREFILL_CHUNK], cache, prefill)
             if start + h.shape[0] > T - k:  # only the last k positions need logits
                 hidden.append(h[max(0, T - k - start):])
-        h = _rms_norm(torch.cat(hidden), self.norm, self.eps)
+        h = self.kernels.rms_norm(torch.cat(hidden), self.norm, self.eps)
         return self.head(h).float().unsqueeze(0)  # [1, k, V]
 
     def _layers(self, ids: torch.Tensor, cache: NativeCache, prefill: bool) -> torch.Tensor:
         """ids [T] at positions cache.length.. -> final hidden states [T, D]; fills the cache."""
         T, p0 = ids.shape[0], cache.length
-        H, Hkv, hd = self.heads, self.kv_heads, self.head_dim
-        cos, sin = self.cos[p0 : p0 + T].unsqueeze(1), self.sin[p0 : p0 + T].unsqueeze(1)  # [T, 1, hd]
+        cos, sin = self.cos[p0 : p0 + T], self.sin[p0 : p0 + T]  # [T, hd]
         x = F.embedding(ids, self.embed)  # [T, D]
         for i, b in enumerate(self.blocks):
-            qkv = b["qkv"](_rms_norm(x, b["attn_norm"], self.eps))  # [T, (H + 2 Hkv) hd]
-            q, key, value = qkv.split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
-            q = q.view(T, H, hd)
-            key = key.view(T, Hkv, hd)
-            q = q * cos + _rotate_half(q) * sin
-            key = key * cos + _rotate_half(key) * sin
-            cache.k[i, :, p0 : p0 + T] = key.transpose(0, 1)  # [Hkv, T, hd]
-            cache.v[i, :, p0 : p0 + T] = value.view(T, Hkv, hd).transpose(0, 1)
+            qkv = b["qkv"](self.kernels.rms_norm(x, b["attn_norm"], self.eps))  # [T, (H + 2 Hkv) hd]
+            q = self.kernels.rope_store(qkv, cos, sin, cache.k[i], cache.v[i], p0)  # [T, H, hd]; k, v cached
             if prefill:  # all queries at once (the decode loop prefills a prompt alone, plain or not)
                 attn = self._attend_block(q, i, cache, p0)
-            else:  # one query at a time: each position's numerics do not depend on what shares the call
-                attn = torch.cat([self._attend(q[t], i, cache, p0 + t + 1) for t in range(T)])
+            else:  # each position alone: its numerics do not depend on what shares the call
+                attn = self.kernels.attend(q, cache.k[i], cache.v[i], p0)
             x = x + b["o"](attn)
-            gate, up = b["gate_up"](_rms_norm(x, b["mlp_norm"], self.eps)).chunk(2, dim=-1)
+            gate, up = b["gate_up"](self.kernels.rms_norm(x, b["mlp_norm"], self.eps)).chunk(2, dim=-1)
             x = x + b["down"](F.silu(gate) * up)
         cache.length = p0 + T
         return x
-
-    def _attend(self, q: torch.Tensor, layer: int, cache: NativeCache, length: int) -> torch.Tensor:
-        """One query position over the `length` keys it sees: q [H, hd] -> [1, H hd]. The shapes
-        depend only on the position, never on how many tokens share the forward."""
-        H, Hkv, hd = self.heads, self.kv_heads, self.head_dim
-        keys, values = cache.k[layer, None, :, :length], cache.v[layer, None, :, :length]  # [1, Hkv, L, hd]
-        # 4-d inputs take PyTorch's fused CPU kernel (the 3-d form fell back to the unfused math path, 2x slower)
-        out = F.scaled_dot_product_attention(q.view(1, Hkv, H // Hkv, hd), keys, values)  # [1, Hkv, G, hd]
-        return out.reshape(1, H * hd)
 
     def _attend_block(self, q: torch.Tensor, layer: int, cache: NativeCache, p0: int) -> torch.Tensor:
         """A prefill chunk's queries at once, causally: q [T, H, hd] -> [T, H hd]."""
@@ -237,7 +280,7 @@ class NativeLlama:
         keys, values = cache.k[layer, :, :L], cache.v[layer, :, :L]  # [Hkv, L, hd]
         G = H // Hkv
         mask = torch.ones(T, L, dtype=torch.bool).tril(p0).repeat(G, 1)  # query t sees keys <= p0 + t
-        qg = q.view(T, Hkv, G, hd).permute(1, 2, 0, 3).reshape(Hkv, G * T, hd)
+        qg = q.to(keys.dtype).view(T, Hkv, G, hd).permute(1, 2, 0, 3).reshape(Hkv, G * T, hd)
         out = F.scaled_dot_product_attention(qg[None], keys[None], values[None], attn_mask=mask)  # [1, Hkv, G T, hd]
         return out.view(Hkv, G, T, hd).permute(2, 0, 1, 3).reshape(T, H * hd)
 
@@ -245,8 +288,11 @@ class NativeLlama:
         return f"NativeLlama({self.name}, {self.dtype})"
 
 
-def load_native(path: str | os.PathLike, dtype: str = "bfloat16", max_positions: int | None = 4096) -> NativeLlama:
-    """A transformers Llama directory or a .gguf file (dequantised once and cached, as for `hf`)."""
+def load_native(path: str | os.PathLike, dtype: str = "auto", max_positions: int | None = 4096) -> NativeLlama:
+    """A transformers Llama directory or a .gguf file (dequantised once and cached, as for `hf`).
+
+    dtype "auto": 4-bit products where the weights are 4-bit groups (a Q4_1 GGUF), else bf16;
+    "bfloat16" and "int4" compute in float32 on CPUs without bf16 units (emulated bf16 is slower)."""
     from .hf import convert_gguf
 
     path = Path(path).expanduser()
@@ -255,6 +301,4 @@ def load_native(path: str | os.PathLike, dtype: str = "bfloat16", max_positions:
     directory = convert_gguf(path) if path.is_file() and path.suffix == ".gguf" else path
     if not (directory / "config.json").exists():
         raise ValueError(f"{str(path)!r} is neither a .gguf file nor a transformers model directory (no config.json)")
-    if dtype == "bfloat16" and not bf16_supported():
-        dtype = "float32"  # no bf16 units: bf16 would be emulated, slower than float32
     return NativeLlama(directory, dtype, name=path.name, max_positions=max_positions)

@@ -1,0 +1,159 @@
+"""The native backend's small per-token operations: RMSNorm, RoPE and the cache writes, attention.
+
+Both must compute each position exactly as it would be computed alone (the native backend's
+exactness), and both are dominated by PyTorch's per-op overhead at decode sizes: RMSNorm is eight
+ops (~17 us a call, 2.3 ms of a step), and row-invariant attention needs one fused-attention call
+per position and layer (~70 us each: ~13 ms of a k = 8 verification). `kernels.c` does each in one
+call, a row at a time in a fixed order. It is compiled once per machine and source with the system
+C compiler (cached next to the converted models), linked against the OpenMP runtime PyTorch has
+already loaded, and called through ctypes. `TorchKernels` is the same interface in PyTorch ops,
+used where no C compiler can build the file: exact too, only slower.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .hf import cache_root
+
+SOURCE = Path(__file__).with_name("kernels.c")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+LANES, MAX_HEAD_DIM = 16, 256  # as in kernels.c
+
+
+def _cpu_signature() -> str:
+    """What -march=native compiles for: the CPU's model and flags."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        import platform
+
+        return platform.processor() or platform.machine()
+    return "\n".join(sorted({line for line in lines if line.startswith(("model name", "flags"))}))
+
+
+@lru_cache(maxsize=None)
+def load_library() -> ctypes.CDLL | None:
+    """kernels.c compiled for this CPU, built on first use; None where no C compiler can build it."""
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        return None
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *FLAGS, _cpu_signature()]).encode()).hexdigest()
+    path = cache_root() / "kernels" / f"kernels-{key[:16]}.so"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # built aside, moved in whole
+            built = Path(tmp) / path.name
+            try:
+                subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, check=True)
+            except (OSError, subprocess.CalledProcessError):
+                return None
+            os.replace(built, path)
+    lib = ctypes.CDLL(str(path))
+    pointers, i32 = [ctypes.c_void_p] * 4, [ctypes.c_int] * 4
+    for name in ("attend_f32", "attend_bf16"):
+        getattr(lib, name).restype = ctypes.c_int
+        getattr(lib, name).argtypes = pointers + i32 + [ctypes.c_long, ctypes.c_int, ctypes.c_float, ctypes.c_int]
+    for name in ("rms_norm_f32", "rms_norm_bf16"):
+        getattr(lib, name).restype = None
+        getattr(lib, name).argtypes = pointers[:3] + i32[:2] + [ctypes.c_float]
+    for name in ("rope_store_f32", "rope_store_bf16"):
+        getattr(lib, name).restype = None
+        getattr(lib, name).argtypes = pointers + pointers[:2] + i32 + [ctypes.c_long, ctypes.c_int]
+    return lib
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class TorchKernels:
+    """RMSNorm and cached attention in PyTorch ops."""
+
+    def __init__(self, heads: int, kv_heads: int, head_dim: int) -> None:
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+
+    @staticmethod
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """Llama's RMSNorm, computed in float32 as transformers does: x [T, D] -> [T, D]."""
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * h.to(x.dtype)
+
+    def rope_store(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
+                   values: torch.Tensor, p0: int) -> torch.Tensor:
+        """RoPE (rotate-half form) of the new q and k, k and v written into one layer of the cache:
+        qkv [T, (H + 2 Hkv) hd], cos/sin [T, hd] of positions p0.., keys/values [Hkv, P, hd] -> q [T, H, hd]."""
+        T, (H, Hkv, hd) = qkv.shape[0], (self.heads, self.kv_heads, self.head_dim)
+        q, key, value = qkv.split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, hd]
+        q, key = q.view(T, H, hd), key.view(T, Hkv, hd)
+        keys[:, p0 : p0 + T] = (key * cos + _rotate_half(key) * sin).transpose(0, 1)
+        values[:, p0 : p0 + T] = value.view(T, Hkv, hd).transpose(0, 1)
+        return q * cos + _rotate_half(q) * sin
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, p0: int) -> torch.Tensor:
+        """q [T, H, hd] at positions p0.., keys/values [Hkv, P, hd] of one layer -> [T, H hd]: query t
+        over the first p0 + t + 1 positions, one fused-attention call per position (4-d inputs take
+        PyTorch's fused CPU kernel; the 3-d form fell back to the unfused math path, 2x slower)."""
+        H, Hkv, hd = self.heads, self.kv_heads, self.head_dim
+        q = q.to(keys.dtype)
+        return torch.cat([
+            F.scaled_dot_product_attention(q[t].view(1, Hkv, H // Hkv, hd), keys[None, :, : p0 + t + 1],
+                                           values[None, :, : p0 + t + 1]).reshape(1, H * hd)
+            for t in range(q.shape[0])])
+
+
+class CKernels(TorchKernels):
+    """The same operations through kernels.c."""
+
+    def __init__(self, lib: ctypes.CDLL, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+        super().__init__(heads, kv_heads, head_dim)
+        suffix = "bf16" if dtype == torch.bfloat16 else "f32"
+        self._rms_norm, self._rope_store, self._attend = (getattr(lib, f"{op}_{suffix}")
+                                                          for op in ("rms_norm", "rope_store", "attend"))
+        self.dtype, self.scale = dtype, head_dim ** -0.5
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        self._rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps)
+        return out
+
+    def rope_store(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
+                   values: torch.Tensor, p0: int) -> torch.Tensor:
+        T = qkv.shape[0]
+        qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
+        q = torch.empty(T, self.heads, self.head_dim)  # float32: the attention's input
+        self._rope_store(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), q.data_ptr(), keys.data_ptr(),
+                         values.data_ptr(), T, self.heads, self.kv_heads, self.head_dim, keys.stride(0), p0)
+        return q
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, p0: int) -> torch.Tensor:
+        T = q.shape[0]
+        qf = q.float().contiguous()  # [T, H, hd]
+        out = torch.empty_like(qf)
+        if self._attend(qf.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(), T, self.heads,
+                        self.kv_heads, self.head_dim, keys.stride(0), p0 + 1, self.scale, torch.get_num_threads()):
+            raise MemoryError("attention: no memory for one query's scores")
+        return out.view(T, self.heads * self.head_dim).to(self.dtype)
+
+
+def make_kernels(heads: int, kv_heads: int, head_dim: int, dim: int, dtype: torch.dtype) -> TorchKernels:
+    """The C kernels where they serve these shapes and a compiler built them, else PyTorch's."""
+    fits = (dim % LANES == 0 and head_dim % LANES == 0 and head_dim <= MAX_HEAD_DIM and heads % kv_heads == 0
+            and dtype in (torch.bfloat16, torch.float32))
+    lib = load_library() if fits else None
+    return CKernels(lib, heads, kv_heads, head_dim, dtype) if lib is not None else TorchKernels(heads, kv_heads,
+                                                                                                head_dim)

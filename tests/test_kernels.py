@@ -1,0 +1,88 @@
+"""The native backend's C kernels (RMSNorm, attention over the cache): built here, equal to the
+PyTorch operations they replace, and row-invariant; without a compiler the PyTorch ones serve."""
+
+import pytest
+import torch
+
+from specdecode.models import kernels
+from specdecode.models.kernels import CKernels, TorchKernels, make_kernels
+
+H, HKV, HD = 9, 3, 64  # SmolLM2's attention shape
+
+
+@pytest.fixture(scope="module")
+def lib():
+    built = kernels.load_library()
+    assert built is not None, "kernels.c did not compile with this machine's C compiler"
+    return built
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_equals_pytorch_and_each_row_is_computed_alone(lib, dtype):
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(13, 576, generator=gen) * 3).to(dtype)
+    weight = torch.randn(576, generator=gen).to(dtype)
+    ours = CKernels(lib, H, HKV, HD, dtype).rms_norm(x, weight, 1e-5)
+    reference = TorchKernels.rms_norm(x, weight, 1e-5)
+    if dtype == torch.float32:
+        torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6)
+    else:  # the same float32 math, rounded twice to bf16: at most one bf16 step apart
+        assert ((ours.float() - reference.float()).abs() <= reference.float().abs() * 2 ** -7 + 1e-6).all()
+    alone = torch.cat([CKernels(lib, H, HKV, HD, dtype).rms_norm(x[i : i + 1], weight, 1e-5) for i in range(13)])
+    assert torch.equal(ours, alone)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("p0", [0, 37, 300])
+def test_attention_equals_pytorch_and_a_position_attends_alone_as_in_a_batch(lib, dtype, p0):
+    gen = torch.Generator().manual_seed(p0)
+    keys = torch.randn(HKV, 512, HD, generator=gen).to(dtype)  # one layer of a cache, positions past p0 + T unused
+    values = torch.randn(HKV, 512, HD, generator=gen).to(dtype)
+    q = torch.randn(8, H, HD, generator=gen).to(dtype)
+    ours = CKernels(lib, H, HKV, HD, dtype)
+    batch = ours.attend(q, keys, values, p0)
+    assert batch.shape == (8, H * HD) and batch.dtype == dtype
+    reference = TorchKernels(H, HKV, HD).attend(q.float(), keys.float(), values.float(), p0)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(batch.float(), reference, rtol=tolerance, atol=tolerance)
+    alone = torch.cat([ours.attend(q[t : t + 1], keys, values, p0 + t) for t in range(8)])
+    assert torch.equal(batch, alone)
+    # a later position sees more keys: changing a key it alone sees changes only its row
+    keys[:, p0 + 7] += 1
+    changed = ours.attend(q, keys, values, p0)
+    assert torch.equal(changed[:7], batch[:7]) and not torch.equal(changed[7], batch[7])
+
+
+def test_without_a_compiler_pytorch_ops_serve(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    kernels.load_library.cache_clear()
+    try:
+        assert kernels.load_library() is None
+        assert type(make_kernels(H, HKV, HD, 576, torch.bfloat16)) is TorchKernels
+    finally:
+        monkeypatch.undo()
+        kernels.load_library.cache_clear()
+    assert type(make_kernels(H, HKV, HD, 576, torch.bfloat16)) is CKernels
+    assert type(make_kernels(H, HKV, 20, 580, torch.bfloat16)) is TorchKernels  # a head_dim the C code does not take
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_and_cache_writes_equal_pytorch_and_each_row_is_computed_alone(lib, dtype):
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(6, (H + 2 * HKV) * HD, generator=gen).to(dtype)
+    angles = torch.rand(6, HD // 2, generator=gen) * 10
+    cos, sin = torch.cat([angles, angles], -1).cos().to(dtype), torch.cat([angles, angles], -1).sin().to(dtype)
+    caches = {name: (torch.zeros(HKV, 64, HD, dtype=dtype), torch.zeros(HKV, 64, HD, dtype=dtype))
+              for name in ("c", "torch", "alone")}
+    ours = CKernels(lib, H, HKV, HD, dtype)
+    q = ours.rope_store(qkv, cos, sin, *caches["c"], 20)
+    q_ref = TorchKernels(H, HKV, HD).rope_store(qkv, cos, sin, *caches["torch"], 20)
+    tolerance = 1e-6 if dtype == torch.float32 else 2e-2  # PyTorch rounds each bf16 op, the kernel once
+    torch.testing.assert_close(q, q_ref.float(), rtol=tolerance, atol=tolerance)
+    for ours_cache, reference_cache in zip(caches["c"], caches["torch"]):
+        torch.testing.assert_close(ours_cache.float(), reference_cache.float(), rtol=tolerance, atol=tolerance)
+        assert ours_cache[:, :20].abs().sum() == 0 and ours_cache[:, 26:].abs().sum() == 0  # only positions 20..25
+    alone = torch.cat([ours.rope_store(qkv[t : t + 1], cos[t : t + 1], sin[t : t + 1], *caches["alone"], 20 + t)
+                       for t in range(6)])
+    assert torch.equal(alone, q) and all(torch.equal(a, b) for a, b in zip(caches["alone"], caches["c"]))
