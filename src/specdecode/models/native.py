@@ -8,7 +8,8 @@ Python and small ops; llama.cpp's quantised products are compute-bound (verifyin
 
 - Reads 4-bit weights where the model is 4-bit (a Q4_1 GGUF: its own values, see `Int4Linear`),
   else bf16 (float32 where the CPU has no bf16 units) reordered once for oneDNN (`Linear`); each
-  projection group is one product (q|k|v, gate|up).
+  projection group is one product (q|k|v, gate|up). A prefill is compute-bound, not bandwidth-bound,
+  so the prompt runs through the bf16 products (an 800-token prompt: 0.97 s against 1.76 s).
 - Keeps a static KV cache [layers, kv_heads, positions, head_dim], preallocated: `trim(n)` moves a
   length counter and rejected positions are simply overwritten by the next forward (gpt-fast).
 - Runs RMSNorm and the attention of new positions in small C kernels (`kernels.py`), one call each
@@ -189,8 +190,10 @@ class NativeLlama:
         products = [self._block_products(w, i) for i in range(self.layers)]
         linears = self._int4(products, strict=dtype == "int4") if dtype in ("int4", "auto") else None
         self.dtype = "int4" if linears else str(self.compute_dtype).removeprefix("torch.")
-        if linears is None:
-            linears = [{n: Linear(m.to(self.compute_dtype)) for n, m in b.items()} for b in products]
+        # A prefill is compute-bound (each weight serves every prompt row): oneDNN's bf16 product runs a
+        # 256-row chunk ~2.8x faster than the int4 kernel, so the prompt goes through bf16 copies.
+        self.prefill_products = [{n: Linear(m.to(self.compute_dtype)) for n, m in b.items()} for b in products]
+        linears = linears or self.prefill_products
         del products
         w = {k: v.to(self.compute_dtype) for k, v in w.items()}
         p = "model.layers.{}."
@@ -260,15 +263,16 @@ class NativeLlama:
         cos, sin = self.cos[p0 : p0 + T], self.sin[p0 : p0 + T]  # [T, hd]
         x = F.embedding(ids, self.embed)  # [T, D]
         for i, b in enumerate(self.blocks):
-            qkv = b["qkv"](self.kernels.rms_norm(x, b["attn_norm"], self.eps))  # [T, (H + 2 Hkv) hd]
+            products = self.prefill_products[i] if prefill else b
+            qkv = products["qkv"](self.kernels.rms_norm(x, b["attn_norm"], self.eps))  # [T, (H + 2 Hkv) hd]
             q = self.kernels.rope_store(qkv, cos, sin, cache.k[i], cache.v[i], p0)  # [T, H, hd]; k, v cached
             if prefill:  # all queries at once (the decode loop prefills a prompt alone, plain or not)
                 attn = self._attend_block(q, i, cache, p0)
             else:  # each position alone: its numerics do not depend on what shares the call
                 attn = self.kernels.attend(q, cache.k[i], cache.v[i], p0)
-            x = x + b["o"](attn)
-            gate, up = b["gate_up"](self.kernels.rms_norm(x, b["mlp_norm"], self.eps)).chunk(2, dim=-1)
-            x = x + b["down"](F.silu(gate) * up)
+            x = x + products["o"](attn)
+            gate, up = products["gate_up"](self.kernels.rms_norm(x, b["mlp_norm"], self.eps)).chunk(2, dim=-1)
+            x = x + products["down"](F.silu(gate) * up)
         cache.length = p0 + T
         return x
 
