@@ -39,9 +39,9 @@ def _model_options(with_draft: bool = True) -> argparse.ArgumentParser:
                                  "the embedded target, a draft model path, lookup+MODEL (copy where the text "
                                  "repeats, MODEL elsewhere, e.g. lookup+trained), or ngram:FILE.npz")
     common.add_argument("--backend", default="auto", choices=["auto", "hf", "llama.cpp", "native"],
-                        help="native: specdecode's own PyTorch Llama (static KV cache, prepacked bf16 products); "
-                             "hf: transformers; llama.cpp: llama-cpp-python on a .gguf file; auto (default): native "
-                             "for a Llama-family model on the CPU, else hf")
+                        help="native: specdecode's own PyTorch Llama (static KV cache, 4-bit or bf16 products, "
+                             "C kernels); hf: transformers; llama.cpp: llama-cpp-python on a .gguf file; auto "
+                             "(default): native for a Llama-family model on the CPU, else hf")
     if with_draft:
         common.add_argument("--draft-backend", default=None, choices=["auto", "hf", "llama.cpp", "native"],
                             help="backend of the draft model (default: the target's)")
