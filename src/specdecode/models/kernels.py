@@ -51,15 +51,18 @@ def load_library() -> ctypes.CDLL | None:
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *FLAGS, _cpu_signature()]).encode()).hexdigest()
     path = cache_root() / "kernels" / f"kernels-{key[:16]}.so"
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # built aside, moved in whole
-            built = Path(tmp) / path.name
-            try:
+        try:  # built aside, moved in whole: concurrent builds never load a half-written file
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+                built = Path(tmp) / path.name
                 subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, check=True)
-            except (OSError, subprocess.CalledProcessError):
-                return None
-            os.replace(built, path)
-    lib = ctypes.CDLL(str(path))
+                os.replace(built, path)
+        except (OSError, subprocess.CalledProcessError):  # no compiler, a failed build, an unwritable cache
+            return None
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError:  # a file that does not load here
+        return None
     pointers, i32 = [ctypes.c_void_p] * 4, [ctypes.c_int] * 4
     for name in ("attend_f32", "attend_bf16"):
         getattr(lib, name).restype = ctypes.c_int
