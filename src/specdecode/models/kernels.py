@@ -82,7 +82,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class TorchKernels:
-    """RMSNorm and cached attention in PyTorch ops."""
+    """RMSNorm, RoPE with the cache writes, and attention over the cache, in PyTorch ops."""
 
     def __init__(self, heads: int, kv_heads: int, head_dim: int) -> None:
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
