@@ -86,3 +86,22 @@ def test_rope_and_cache_writes_equal_pytorch_and_each_row_is_computed_alone(lib,
     alone = torch.cat([ours.rope_store(qkv[t : t + 1], cos[t : t + 1], sin[t : t + 1], *caches["alone"], 20 + t)
                        for t in range(6)])
     assert torch.equal(alone, q) and all(torch.equal(a, b) for a, b in zip(caches["alone"], caches["c"]))
+
+
+def test_q8_head_reads_a_q8_grid_exactly_rows_alone_as_in_a_batch(lib):
+    from specdecode.models.native import Q8Linear
+
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randint(-127, 128, (96, 576 // 32, 32), generator=gen).float()
+    q[..., 0] = 127  # Q8_0 maps each group's largest magnitude to +-127
+    weight = (q * (torch.rand(96, 576 // 32, 1, generator=gen) * 0.01 + 1e-4)).view(96, 576)
+    ours = CKernels(lib, H, HKV, HD, torch.bfloat16)
+    head = Q8Linear.quantize(weight, ours)
+    assert head is not None and head.out_features == 96
+    x = torch.randn(11, 576, generator=gen)
+    y = head(x)
+    torch.testing.assert_close(y, x @ weight.t(), rtol=1e-5, atol=1e-5)
+    alone = torch.cat([head(x[i : i + 1]) for i in range(11)])
+    assert torch.equal(y, alone) and all(torch.equal(head(x[:rows]), y[:rows]) for rows in (2, 4, 5, 8))
+    assert Q8Linear.quantize(torch.randn(96, 576, generator=gen), ours) is None  # not an 8-bit grid
+    assert Q8Linear.quantize(weight, TorchKernels(H, HKV, HD)) is None  # no C kernels: the head stays bf16

@@ -6,7 +6,7 @@ import torch
 
 from specdecode import (AdaptiveGamma, ModelDrafter, PromptLookupDrafter, SamplingParams, autoregressive_decode,
                         encode_prompt, speculative_decode)
-from specdecode.models.native import Int4Linear, Linear, bf16_supported, load_native
+from specdecode.models.native import Int4Linear, Linear, Q8Linear, bf16_supported, load_native
 from stats import chi2_pvalue
 from realmodel import COPY_PROMPT, GREEDY, lookup_and_plain_greedy, tokens_of
 
@@ -103,6 +103,7 @@ def native(request):
 
     model = load_model(None, backend="native", dtype=request.param)
     assert model.dtype == ("int4" if request.param == "auto" else "bfloat16" if bf16_supported() else "float32")
+    assert isinstance(model.head, Q8Linear) == (request.param == "auto")  # the GGUF's Q8_0 head, 4-bit mode only
     return model
 
 

@@ -145,3 +145,59 @@ DEFINE_ATTEND_ONE(attend_one_bf16, uint16_t, load_bf16)
 
 DEFINE_ATTEND(attend_f32, float, attend_one_f32)
 DEFINE_ATTEND(attend_bf16, uint16_t, attend_one_bf16)
+
+/* y = x W^T for a weight held as int8 in groups of 32 inputs with one scale each (w = scale q, the
+ * GGUF Q8_0 block format), laid out 16 outputs at a time: q [out / 16][in][16], scales
+ * [out / 16][in / 32][16]. A quarter of float32's bytes, half of bf16's; each int8 weight is
+ * converted once per call and used for up to ROWS rows. A row's result is the same sequence of
+ * vector operations whatever the other rows are. x [rows, in] and y [rows, out] float32; in a
+ * multiple of 32, out of 16. */
+typedef float v16f __attribute__((vector_size(64)));
+#define ROWS 4
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+static inline v16f widen_i8(const int8_t *p) {
+    __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+    v16f r;
+    memcpy(&r, &f, sizeof r);
+    return r;
+}
+#else
+static inline v16f widen_i8(const int8_t *p) {
+    v16f r;
+    for (int l = 0; l < 16; l++) r[l] = (float)p[l];
+    return r;
+}
+#endif
+
+void q8_matmul(const float *x, const int8_t *q, const float *scales, float *y, int rows, int in, int out,
+               int threads) {
+    int blocks = out / 16, groups = in / 32;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int nb = 0; nb < blocks; nb++) {
+        const int8_t *qb = q + (long)nb * in * 16;
+        const float *sb = scales + (long)nb * groups * 16;
+        for (int r0 = 0; r0 < rows; r0 += ROWS) {
+            const float *xr[ROWS];
+            for (int r = 0; r < ROWS; r++) xr[r] = x + (long)(r0 + r < rows ? r0 + r : rows - 1) * in;
+            v16f acc[ROWS] = {0};
+            for (int g = 0; g < groups; g++) {
+                v16f part[ROWS][2] = {{0}};
+                const int8_t *w = qb + (long)g * 32 * 16;
+                for (int i = 0; i < 32; i += 2) {
+                    v16f w0 = widen_i8(w + i * 16), w1 = widen_i8(w + (i + 1) * 16);
+                    for (int r = 0; r < ROWS; r++) {
+                        part[r][0] += xr[r][g * 32 + i] * w0;
+                        part[r][1] += xr[r][g * 32 + i + 1] * w1;
+                    }
+                }
+                v16f s;
+                memcpy(&s, sb + g * 16, sizeof s);
+                for (int r = 0; r < ROWS; r++) acc[r] += s * (part[r][0] + part[r][1]);
+            }
+            for (int r = 0; r < ROWS && r0 + r < rows; r++)
+                memcpy(y + (long)(r0 + r) * out + (long)nb * 16, &acc[r], sizeof acc[r]);
+        }
+    }
+}

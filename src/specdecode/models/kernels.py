@@ -1,13 +1,16 @@
-"""The native backend's small per-token operations: RMSNorm, RoPE and the cache writes, attention.
+"""The native backend's small per-token operations (RMSNorm, RoPE with the cache writes, attention
+over the cache) and its LM head in 8-bit blocks.
 
-Both must compute each position exactly as it would be computed alone (the native backend's
-exactness), and both are dominated by PyTorch's per-op overhead at decode sizes: RMSNorm is eight
-ops (~17 us a call, 2.3 ms of a step), and row-invariant attention needs one fused-attention call
-per position and layer (~70 us each: ~13 ms of a k = 8 verification). `kernels.c` does each in one
-call, a row at a time in a fixed order. It is compiled once per machine and source with the system
-C compiler (cached next to the converted models), linked against the OpenMP runtime PyTorch has
-already loaded, and called through ctypes. `TorchKernels` is the same interface in PyTorch ops,
-used where no C compiler can build the file: exact too, only slower.
+Each must compute a position exactly as it would be computed alone (the native backend's
+exactness). The small ones are dominated by PyTorch's per-op overhead at decode sizes: RMSNorm is
+eight ops (~17 us a call, 2.3 ms of a step), and row-invariant attention needs one fused-attention
+call per position and layer (~70 us each: ~13 ms of a k = 8 verification). The head is the largest
+product (49152 x 576), which a GGUF stores as Q8_0: in those 8-bit blocks it reads half of bf16's
+bytes (1.1 ms against 2.2 ms for one row here). `kernels.c` does each in one call, a row at a time
+in a fixed order. It is compiled once per machine and source with the system C compiler (cached
+next to the converted models), linked against the OpenMP runtime PyTorch has already loaded, and
+called through ctypes. `TorchKernels` is the same interface in PyTorch ops (no 8-bit head: the
+head stays bf16), used where no C compiler can build the file: exact too, only slower.
 """
 
 from __future__ import annotations
@@ -73,6 +76,8 @@ def load_library() -> ctypes.CDLL | None:
     for name in ("rope_store_f32", "rope_store_bf16"):
         getattr(lib, name).restype = None
         getattr(lib, name).argtypes = pointers + pointers[:2] + i32 + [ctypes.c_long, ctypes.c_int]
+    lib.q8_matmul.restype = None
+    lib.q8_matmul.argtypes = pointers + i32
     return lib
 
 
@@ -126,6 +131,7 @@ class CKernels(TorchKernels):
         suffix = "bf16" if dtype == torch.bfloat16 else "f32"
         self._rms_norm, self._rope_store, self._attend = (getattr(lib, f"{op}_{suffix}")
                                                           for op in ("rms_norm", "rope_store", "attend"))
+        self._q8_matmul = lib.q8_matmul
         self.dtype, self.scale = dtype, head_dim ** -0.5
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -151,6 +157,16 @@ class CKernels(TorchKernels):
                         self.kv_heads, self.head_dim, keys.stride(0), p0 + 1, self.scale, torch.get_num_threads()):
             raise MemoryError("attention: no memory for one query's scores")
         return out.view(T, self.heads * self.head_dim).to(self.dtype)
+
+    def q8_matmul(self, x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """x [T, in] @ W^T for W in Q8_0 blocks laid out as kernels.c's q8_matmul takes them:
+        q [out / 16, in, 16] int8, scales [out / 16, in / 32, 16] float32 -> [T, out] float32."""
+        x = x.float().contiguous()
+        T, (blocks, K, _) = x.shape[0], q.shape
+        y = torch.empty(T, blocks * 16)
+        self._q8_matmul(x.data_ptr(), q.data_ptr(), scales.data_ptr(), y.data_ptr(), T, K, blocks * 16,
+                        torch.get_num_threads())
+        return y
 
 
 def make_kernels(heads: int, kv_heads: int, head_dim: int, dim: int, dtype: torch.dtype) -> TorchKernels:

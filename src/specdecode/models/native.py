@@ -8,7 +8,9 @@ Python and small ops; llama.cpp's quantised products are compute-bound (verifyin
 
 - Reads 4-bit weights where the model is 4-bit (a Q4_1 GGUF: its own values, see `Int4Linear`),
   else bf16 (float32 where the CPU has no bf16 units) reordered once for oneDNN (`Linear`); each
-  projection group is one product (q|k|v, gate|up). A prefill is compute-bound, not bandwidth-bound,
+  projection group is one product (q|k|v, gate|up). With 4-bit products, an LM head stored in 8-bit
+  blocks (Q8_0, as SmolLM2's GGUF stores it) runs as such (`Q8Linear`, half of bf16's bytes); else
+  the head is bf16. A prefill is compute-bound, not bandwidth-bound,
   so the prompt runs through the bf16 products (an 800-token prompt: 0.97 s against 1.76 s).
 - Keeps a static KV cache [layers, kv_heads, positions, head_dim], preallocated: `trim(n)` moves a
   length counter and rejected positions are simply overwritten by the next forward (gpt-fast).
@@ -123,6 +125,35 @@ class Int4Linear:
         return torch._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed, self.GROUP, self.scales_zeros)
 
 
+class Q8Linear:
+    """y = x W^T with W held as int8 in groups of 32 inputs, each with one scale: w = scale * q (the
+    GGUF Q8_0 block format, in which SmolLM2's file stores its tied embedding / LM head). Runs
+    through `kernels.c` (`CKernels.q8_matmul`); float32 out. Like `Int4Linear.quantize`, `quantize`
+    returns None unless the weight already is such a grid, so nothing is requantised."""
+
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, kernels) -> None:
+        self.q, self.scales, self.kernels = q, scales, kernels  # [out/16, in, 16] int8, [out/16, in/32, 16]
+        self.out_features = q.shape[0] * 16
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, kernels) -> Q8Linear | None:
+        """weight [out, in] (float) -> a Q8Linear holding exactly its values, or None."""
+        N, K = weight.shape
+        if K % 32 or N % 16 or not hasattr(kernels, "q8_matmul"):
+            return None
+        w = weight.float().view(N, K // 32, 32)
+        scale = w.abs().amax(-1, keepdim=True) / 127  # Q8_0 maps each group's largest magnitude to +-127
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        q = (w / scale).round_().clamp_(-127, 127)
+        if ((q * scale - w).abs() > scale * 1e-3).any():
+            return None
+        q = q.to(torch.int8).view(N // 16, 16, K).transpose(1, 2).contiguous()
+        return cls(q, scale.view(N // 16, 16, K // 32).transpose(1, 2).contiguous(), kernels)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out] float32
+        return self.kernels.q8_matmul(x, self.q, self.scales)
+
+
 class NativeCache:
     """Preallocated keys and values; the first `length` positions are valid."""
 
@@ -195,6 +226,11 @@ class NativeLlama:
         self.prefill_products = [{n: Linear(m.to(self.compute_dtype)) for n, m in b.items()} for b in products]
         linears = linears or self.prefill_products
         del products
+        self.kernels = make_kernels(self.heads, self.kv_heads, self.head_dim, self.dim, self.compute_dtype)
+        head = w.get("lm_head.weight", w["model.embed_tokens.weight"])  # [V, D]
+        # In 4-bit mode a head stored in 8-bit blocks (Q8_0) runs as such; else in the activation dtype.
+        self.head = (Q8Linear.quantize(head, self.kernels) if self.dtype == "int4" else None) or Linear(
+            head.to(self.compute_dtype))
         w = {k: v.to(self.compute_dtype) for k, v in w.items()}
         p = "model.layers.{}."
         self.embed = w["model.embed_tokens.weight"]  # [V, D]
@@ -202,15 +238,12 @@ class NativeLlama:
                             mlp_norm=w[p.format(i) + "post_attention_layernorm.weight"], **linears[i])
                        for i in range(self.layers)]
         self.norm = w["model.norm.weight"]
-        # the head stays in the activation dtype: a GGUF stores it in 8 bits (Q8_0) or more
-        self.head = Linear(w.get("lm_head.weight", self.embed))
         self.vocab_size = self.head.out_features
         inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
         freqs = torch.outer(torch.arange(self.max_positions, dtype=torch.float32), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)  # [P, hd]
         self.cos, self.sin = emb.cos().to(self.compute_dtype), emb.sin().to(self.compute_dtype)
         self.n_threads = torch.get_num_threads()
-        self.kernels = make_kernels(self.heads, self.kv_heads, self.head_dim, self.dim, self.compute_dtype)
 
     @staticmethod
     def _block_products(w: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
