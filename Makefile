@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 # CPU build from the local wheel; an unpinned torch would pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
-PROMPT ?= Correct the spelling in this text and return it in full: 'The quick brown fox jumpd over the lazy dog. Then the fox ran into the forrest and hid behind a big old tree until the sun went down.'
+PROMPT ?= Repeat this text exactly, word for word: 'The quick brown fox jumps over the lazy dog, and then the fox runs into the forest to hide behind a big old tree until the sun goes down. In the morning the fox comes back out, eats a few berries, and goes to sleep in the warm grass.'
 
 .PHONY: setup demo test bench
 setup: $(VENV)/.installed
@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(VENV)/bin/specdecode generate --compare "$(PROMPT)"
+	$(VENV)/bin/specdecode generate --compare --gamma auto "$(PROMPT)"
 
 test: setup
 	$(VENV)/bin/python -m pytest -q
