@@ -82,6 +82,15 @@ class Linear:
         return y
 
 
+def _grid_values(w: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, lowest: int, highest: int):
+    """The integers q (lowest..highest) with w = scale * q + offset per group, or None unless they
+    reproduce every weight to within a thousandth of its group's step. w [N, K/G, G] float32;
+    offset and scale [N, K/G, 1] (a zero scale, a constant group, is taken as 1). Returns (q, scale)."""
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = ((w - offset) / scale).round_().clamp_(lowest, highest)
+    return None if ((q * scale + offset - w).abs() > scale * 1e-3).any() else (q, scale)
+
+
 class Int4Linear:
     """y = x W^T with W held as 4-bit integers in groups of 32 inputs, each group with a scale and a
     minimum: w = scale * q + minimum, q in 0..15 (the GGUF Q4_1 block format). PyTorch's CPU kernel
@@ -111,11 +120,10 @@ class Int4Linear:
             return None
         w = weight.float().view(N, K // cls.GROUP, cls.GROUP)
         low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)  # [N, K/G, 1]
-        scale = (high - low) / 15
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        q = ((w - low) / scale).round_().clamp_(0, 15)
-        if ((q * scale + low - w).abs() > scale * 1e-3).any():
+        grid = _grid_values(w, low, (high - low) / 15, 0, 15)  # Q4_1 maps a group's min to 0, its max to 15
+        if grid is None:
             return None
+        q, scale = grid
         packed = torch._convert_weight_to_int4pack_for_cpu(q.view(N, K).to(torch.int32), 1)
         # the kernel computes (q - 8) * scale + offset
         scales_zeros = torch.cat([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous().to(dtype)
@@ -142,11 +150,11 @@ class Q8Linear:
         if K % 32 or N % 16 or not hasattr(kernels, "q8_matmul"):
             return None
         w = weight.float().view(N, K // 32, 32)
-        scale = w.abs().amax(-1, keepdim=True) / 127  # Q8_0 maps each group's largest magnitude to +-127
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        q = (w / scale).round_().clamp_(-127, 127)
-        if ((q * scale - w).abs() > scale * 1e-3).any():
+        # Q8_0 maps each group's largest magnitude to +-127
+        grid = _grid_values(w, torch.zeros(()), w.abs().amax(-1, keepdim=True) / 127, -127, 127)
+        if grid is None:
             return None
+        q, scale = grid
         q = q.to(torch.int8).view(N // 16, 16, K).transpose(1, 2).contiguous()
         return cls(q, scale.view(N // 16, 16, K // 32).transpose(1, 2).contiguous(), kernels)
 
@@ -231,13 +239,12 @@ class NativeLlama:
         # In 4-bit mode a head stored in 8-bit blocks (Q8_0) runs as such; else in the activation dtype.
         self.head = (Q8Linear.quantize(head, self.kernels) if self.dtype == "int4" else None) or Linear(
             head.to(self.compute_dtype))
-        w = {k: v.to(self.compute_dtype) for k, v in w.items()}
-        p = "model.layers.{}."
-        self.embed = w["model.embed_tokens.weight"]  # [V, D]
-        self.blocks = [dict(attn_norm=w[p.format(i) + "input_layernorm.weight"],
-                            mlp_norm=w[p.format(i) + "post_attention_layernorm.weight"], **linears[i])
+        g = lambda name: w[name].to(self.compute_dtype)  # noqa: E731  (the products are built already)
+        self.embed = g("model.embed_tokens.weight")  # [V, D]
+        self.blocks = [dict(attn_norm=g(f"model.layers.{i}.input_layernorm.weight"),
+                            mlp_norm=g(f"model.layers.{i}.post_attention_layernorm.weight"), **linears[i])
                        for i in range(self.layers)]
-        self.norm = w["model.norm.weight"]
+        self.norm = g("model.norm.weight")
         self.vocab_size = self.head.out_features
         inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
         freqs = torch.outer(torch.arange(self.max_positions, dtype=torch.float32), inv_freq)
