@@ -105,3 +105,30 @@ def test_q8_head_reads_a_q8_grid_exactly_rows_alone_as_in_a_batch(lib):
     assert torch.equal(y, alone) and all(torch.equal(head(x[:rows]), y[:rows]) for rows in (2, 4, 5, 8))
     assert Q8Linear.quantize(torch.randn(96, 576, generator=gen), ours) is None  # not an 8-bit grid
     assert Q8Linear.quantize(weight, TorchKernels(H, HKV, HD)) is None  # no C kernels: the head stays bf16
+
+
+def test_q4_product_reads_a_q4_grid_exactly_rows_alone_as_in_a_batch(lib):
+    """kernels.c's 4-bit product (AVX512-BF16): the Q4_1 grid's values, each row computed alone."""
+    from specdecode.models.native import Int4Linear
+    from quantized import q4_grid
+
+    ours = CKernels(lib, H, HKV, HD, torch.bfloat16)
+    if not ours.q4:
+        pytest.skip("this CPU has no AVX512-BF16: PyTorch's 4-bit kernel serves (tested in test_native)")
+    gen = torch.Generator().manual_seed(5)
+    for out_features, in_features in ((96, 1536), (960, 576)):
+        weight = q4_grid(out_features, in_features, gen)
+        linear = Int4Linear.quantize(weight, torch.bfloat16, ours)
+        assert linear.kernels is ours and linear.out_features == out_features
+        # x = I reads each weight back, rounded once to bf16
+        read = linear(torch.eye(in_features, dtype=torch.bfloat16)).float()
+        torch.testing.assert_close(read, weight.t(), rtol=2 ** -8, atol=1e-6)
+        x = torch.randn(16, in_features, generator=gen).bfloat16()
+        y = linear(x)
+        assert y.dtype == torch.bfloat16
+        torch.testing.assert_close(y.float(), x.float() @ weight.t(), rtol=2 ** -7, atol=2e-2)
+        alone = torch.cat([linear(x[i : i + 1]) for i in range(16)])
+        assert torch.equal(y, alone) and all(torch.equal(linear(x[:rows]), y[:rows]) for rows in range(2, 16))
+    # float32 activations: PyTorch's kernel; outputs not a multiple of 16: no 4-bit product
+    assert Int4Linear.quantize(weight, torch.float32, CKernels(lib, H, HKV, HD, torch.float32)).kernels is None
+    assert Int4Linear.quantize(q4_grid(40, 576, gen), torch.bfloat16, ours) is None

@@ -7,6 +7,7 @@ import torch
 from specdecode import (AdaptiveGamma, ModelDrafter, PromptLookupDrafter, SamplingParams, autoregressive_decode,
                         encode_prompt, speculative_decode)
 from specdecode.models.native import Int4Linear, Linear, Q8Linear, bf16_supported, load_native
+from quantized import q4_grid
 from stats import chi2_pvalue
 from realmodel import COPY_PROMPT, GREEDY, lookup_and_plain_greedy, tokens_of
 
@@ -31,15 +32,6 @@ def test_a_wide_product_gives_each_row_the_same_result_however_many_rows_share_i
         assert torch.equal(whole(x[:8, :1024]), torch.cat([whole(x[i : i + 1, :1024]) for i in range(8)]))
 
 
-
-
-def q4_grid(out_features, in_features, gen):
-    """A weight made the way a Q4_1 file holds it: 4-bit values q, w = d q + m per 32 inputs."""
-    q = torch.randint(0, 16, (out_features, in_features // 32, 32), generator=gen).float()
-    q[..., 0], q[..., 1] = 0, 15  # Q4_1 maps each group's minimum to 0 and its maximum to 15
-    d = torch.rand(out_features, in_features // 32, 1, generator=gen) * 0.01 + 1e-3
-    m = -torch.rand(out_features, in_features // 32, 1, generator=gen) * 0.05
-    return (q * d + m).view(out_features, in_features)
 
 
 def test_int4_products_hold_a_q4_grid_exactly_and_refuse_anything_else():

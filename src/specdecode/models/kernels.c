@@ -18,6 +18,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #define LANES 16
 #define MAX_HEAD_DIM 256
@@ -94,7 +97,43 @@ DEFINE_RMS_NORM(rms_norm_bf16, uint16_t, load_bf16, store_bf16)
 DEFINE_ROPE_STORE(rope_store_f32, float, load_f32, store_f32)
 DEFINE_ROPE_STORE(rope_store_bf16, uint16_t, load_bf16, store_bf16)
 
-/* One (position, head): scores[j] = scale q.k_j, softmax over j < length, out = sum_j w_j v_j. */
+/* One (position, head): scores[j] = scale q.k_j, softmax over j < length, out = sum_j w_j v_j. With
+ * AVX-512 a score is a vector of products summed by one fixed reduction (measured: the plain-C sum
+ * of 16 lanes in order made attention ~5 ms of a k = 8 verification). */
+#if defined(__AVX512F__)
+static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
+static inline __m512 load16_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+#define DEFINE_ATTEND_ONE(NAME, T, LOAD16)                                                       \
+    static void NAME(const float *q, const T *k, const T *v, float *out, int length,            \
+                     int head_dim, float scale, float *scores) {                                 \
+        int n = head_dim / 16;                                                                   \
+        __m512 qv[MAX_HEAD_DIM / 16], o[MAX_HEAD_DIM / 16];                                      \
+        for (int c = 0; c < n; c++) qv[c] = _mm512_loadu_ps(q + c * 16);                         \
+        float best = -INFINITY;                                                                  \
+        for (int j = 0; j < length; j++) {                                                       \
+            const T *kj = k + (long)j * head_dim;                                                \
+            __m512 acc = _mm512_mul_ps(qv[0], LOAD16(kj));                                       \
+            for (int c = 1; c < n; c++) acc = _mm512_fmadd_ps(qv[c], LOAD16(kj + c * 16), acc);  \
+            scores[j] = _mm512_reduce_add_ps(acc) * scale;                                       \
+            if (scores[j] > best) best = scores[j];                                              \
+        }                                                                                        \
+        float total = 0;                                                                         \
+        for (int c = 0; c < n; c++) o[c] = _mm512_setzero_ps();                                  \
+        for (int j = 0; j < length; j++) {                                                       \
+            const T *vj = v + (long)j * head_dim;                                                \
+            float w = expf(scores[j] - best);                                                    \
+            total += w;                                                                          \
+            for (int c = 0; c < n; c++) o[c] = _mm512_fmadd_ps(_mm512_set1_ps(w), LOAD16(vj + c * 16), o[c]); \
+        }                                                                                        \
+        for (int c = 0; c < n; c++) _mm512_storeu_ps(out + c * 16, _mm512_div_ps(o[c], _mm512_set1_ps(total))); \
+    }
+
+DEFINE_ATTEND_ONE(attend_one_f32, float, load16_f32)
+DEFINE_ATTEND_ONE(attend_one_bf16, uint16_t, load16_bf16)
+#else
 #define DEFINE_ATTEND_ONE(NAME, T, LOAD)                                                         \
     static void NAME(const float *q, const T *k, const T *v, float *out, int length,            \
                      int head_dim, float scale, float *scores) {                                 \
@@ -121,6 +160,8 @@ DEFINE_ROPE_STORE(rope_store_bf16, uint16_t, load_bf16, store_bf16)
 
 DEFINE_ATTEND_ONE(attend_one_f32, float, load_f32)
 DEFINE_ATTEND_ONE(attend_one_bf16, uint16_t, load_bf16)
+
+#endif
 
 #define DEFINE_ATTEND(NAME, T, ONE)                                                              \
     int NAME(const float *q, const T *k, const T *v, float *out, int queries, int heads,         \
@@ -156,7 +197,6 @@ typedef float v16f __attribute__((vector_size(64)));
 #define ROWS 4
 
 #if defined(__AVX512F__)
-#include <immintrin.h>
 static inline v16f widen_i8(const int8_t *p) {
     __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
     v16f r;
@@ -201,3 +241,110 @@ void q8_matmul(const float *x, const int8_t *q, const float *scales, float *y, i
         }
     }
 }
+
+/* y = x W^T for a weight held as 4-bit integers in groups of 32 inputs, w = d q + m, q in 0..15 (the
+ * GGUF Q4_1 block format), with bf16 activations x [rows, in] and bf16 out y [rows, out]; in a
+ * multiple of 32, out of 16. AVX512-BF16 only (q4_available() says whether it was built): each
+ * weight is unpacked once per call for up to 8 rows and multiplied with the bf16 dot product
+ * (32 products a vector instruction, each exact, summed in float32).
+ *
+ * Layout, 16 outputs at a time: q [out / 16][in / 4][32] bytes, byte 2o + j of a 4-input chunk
+ * holding output o's input j in its low nibble and input j + 2 in its high one; coef
+ * [out / 16][in / 32][2][16] float32, a = 16 d and b = m - 16 d per group and output.
+ * Unpacking: a nibble placed in the mantissa of bf16 1.0 reads (16 + q) / 16 exactly, so a group's
+ * dot product S = sum_i x_i (16 + q_i) / 16 and its contribution is a S + b sum_i x_i (the group
+ * sums of x are computed once per call). A row's result is the same sequence of operations
+ * whatever the other rows are. */
+#if defined(__AVX512BF16__)
+int q4_available(void) { return 1; }
+
+static inline __attribute__((always_inline)) void q4_rows(const uint16_t *x, const uint8_t *qb, const float *cb,
+                                                         const float *sums, uint16_t *y, int in, int out,
+                                                         int nb, int r0, int rows, const int R) {
+    const int groups = in / 32;
+    const uint16_t *xr[8];
+    const float *sr[8];
+    for (int r = 0; r < R; r++) {
+        int row = r0 + r < rows ? r0 + r : rows - 1;
+        xr[r] = x + (long)row * in;
+        sr[r] = sums + (long)row * groups;
+    }
+    const __m512i nibble = _mm512_set1_epi16(0x78), one = _mm512_set1_epi16(0x3F80);
+    __m512 acc[8];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        __m512 part[8][2];
+        for (int r = 0; r < R; r++) part[r][0] = part[r][1] = _mm512_setzero_ps();
+        const uint8_t *w = qb + (long)g * 256;
+        /* a group's 256 bytes of weights and 128 of coefficients, fetched 8 groups ahead (measured: ~15%
+         * faster at 4 and 8 rows) */
+        for (int line = 0; line < 256; line += 64) _mm_prefetch((const char *)(w + 2048 + line), _MM_HINT_T0);
+        _mm_prefetch((const char *)(cb + (g + 8) * 32), _MM_HINT_T0);
+        _mm_prefetch((const char *)(cb + (g + 8) * 32 + 16), _MM_HINT_T0);
+        for (int c = 0; c < 8; c++) {
+            __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(w + c * 32)));
+            /* (v << 3) & 0x78 | 0x3F80: the low nibble as (16 + q) / 16; (v >> 1) the high one */
+            __m512bh lo = (__m512bh)_mm512_ternarylogic_epi32(_mm512_slli_epi16(v, 3), nibble, one, 0xEA);
+            __m512bh hi = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 1), nibble, one, 0xEA);
+            int i = g * 32 + c * 4;
+            for (int r = 0; r < R; r++) {
+                int32_t x01, x23;
+                memcpy(&x01, xr[r] + i, 4);
+                memcpy(&x23, xr[r] + i + 2, 4);
+                part[r][0] = _mm512_dpbf16_ps(part[r][0], lo, (__m512bh)_mm512_set1_epi32(x01));
+                part[r][1] = _mm512_dpbf16_ps(part[r][1], hi, (__m512bh)_mm512_set1_epi32(x23));
+            }
+        }
+        __m512 a = _mm512_loadu_ps(cb + g * 32), b = _mm512_loadu_ps(cb + g * 32 + 16);
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm512_fmadd_ps(a, _mm512_add_ps(part[r][0], part[r][1]),
+                                     _mm512_fmadd_ps(b, _mm512_set1_ps(sr[r][g]), acc[r]));
+    }
+    for (int r = 0; r < R && r0 + r < rows; r++)
+        _mm256_storeu_si256((__m256i *)(y + (long)(r0 + r) * out + (long)nb * 16),
+                            (__m256i)_mm512_cvtneps_pbh(acc[r]));
+}
+
+int q4_matmul(const uint16_t *x, const uint8_t *q, const float *coef, uint16_t *y, int rows, int in, int out,
+              int threads) {
+    int blocks = out / 16, groups = in / 32;
+    float *sums = malloc(sizeof(float) * rows * groups); /* sum of x over each group of each row */
+    if (!sums) return 1;
+    for (int r = 0; r < rows; r++)
+        for (int g = 0; g < groups; g++) {
+            float s = 0;
+            for (int i = 0; i < 32; i++) s += load_bf16(x[(long)r * in + g * 32 + i]);
+            sums[r * groups + g] = s;
+        }
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int nb = 0; nb < blocks; nb++) {
+        const uint8_t *qb = q + (long)nb * in * 8;
+        const float *cb = coef + (long)nb * groups * 32;
+        for (int r0 = 0; r0 < rows;) {
+            int left = rows - r0;
+            if (left > 4) {
+                q4_rows(x, qb, cb, sums, y, in, out, nb, r0, rows, 8);
+                r0 += 8;
+            } else if (left > 2) {
+                q4_rows(x, qb, cb, sums, y, in, out, nb, r0, rows, 4);
+                r0 += 4;
+            } else if (left == 2) {
+                q4_rows(x, qb, cb, sums, y, in, out, nb, r0, rows, 2);
+                r0 += 2;
+            } else {
+                q4_rows(x, qb, cb, sums, y, in, out, nb, r0, rows, 1);
+                r0 += 1;
+            }
+        }
+    }
+    free(sums);
+    return 0;
+}
+#else
+int q4_available(void) { return 0; }
+
+int q4_matmul(const uint16_t *x, const uint8_t *q, const float *coef, uint16_t *y, int rows, int in, int out,
+              int threads) {
+    return 1; /* not built: the caller uses PyTorch's 4-bit product */
+}
+#endif

@@ -78,6 +78,10 @@ def load_library() -> ctypes.CDLL | None:
         getattr(lib, name).argtypes = pointers + pointers[:2] + i32 + [ctypes.c_long, ctypes.c_int]
     lib.q8_matmul.restype = None
     lib.q8_matmul.argtypes = pointers + i32
+    lib.q4_matmul.restype = ctypes.c_int
+    lib.q4_matmul.argtypes = pointers + i32
+    lib.q4_available.restype = ctypes.c_int
+    lib.q4_available.argtypes = []
     return lib
 
 
@@ -131,8 +135,10 @@ class CKernels(TorchKernels):
         suffix = "bf16" if dtype == torch.bfloat16 else "f32"
         self._rms_norm, self._rope_store, self._attend = (getattr(lib, f"{op}_{suffix}")
                                                           for op in ("rms_norm", "rope_store", "attend"))
-        self._q8_matmul = lib.q8_matmul
+        self._q8_matmul, self._q4_matmul = lib.q8_matmul, lib.q4_matmul
         self.dtype, self.scale = dtype, head_dim ** -0.5
+        # the 4-bit product takes bf16 activations and needs AVX512-BF16's dot product
+        self.q4 = dtype == torch.bfloat16 and bool(lib.q4_available())
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         x = x.contiguous()
@@ -166,6 +172,18 @@ class CKernels(TorchKernels):
         y = torch.empty(T, blocks * 16)
         self._q8_matmul(x.data_ptr(), q.data_ptr(), scales.data_ptr(), y.data_ptr(), T, K, blocks * 16,
                         torch.get_num_threads())
+        return y
+
+
+    def q4_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+        """x [T, in] bf16 @ W^T for W in Q4_1 groups laid out as kernels.c's q4_matmul takes them:
+        q [out / 16, in / 4, 32] uint8, coef [out / 16, in / 32, 2, 16] float32 -> [T, out] bf16."""
+        x = x.contiguous()
+        T, (blocks, chunks, _) = x.shape[0], q.shape
+        y = torch.empty(T, blocks * 16, dtype=torch.bfloat16)
+        if self._q4_matmul(x.data_ptr(), q.data_ptr(), coef.data_ptr(), y.data_ptr(), T, chunks * 4, blocks * 16,
+                           torch.get_num_threads()):
+            raise MemoryError("4-bit product: no memory for the group sums")
         return y
 
 
