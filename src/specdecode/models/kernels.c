@@ -97,38 +97,82 @@ DEFINE_RMS_NORM(rms_norm_bf16, uint16_t, load_bf16, store_bf16)
 DEFINE_ROPE_STORE(rope_store_f32, float, load_f32, store_f32)
 DEFINE_ROPE_STORE(rope_store_bf16, uint16_t, load_bf16, store_bf16)
 
-/* One (position, head): scores[j] = scale q.k_j, softmax over j < length, out = sum_j w_j v_j. With
- * AVX-512 a score is a vector of products summed by one fixed reduction (measured: the plain-C sum
- * of 16 lanes in order made attention ~5 ms of a k = 8 verification). */
+/* One (position, head): scores[j] = scale q.k_j, softmax over j < length, out = sum_j w_j v_j.
+ * With AVX-512, keys go 16 at a time: each key's products summed by one fixed tree that leaves the
+ * 16 scores in one vector, and a vector exp (Cephes' expf polynomial, within 2 ulp). Measured
+ * against a reduction and a libm expf per key: ~2x faster. scores holds length rounded up to 16. */
 #if defined(__AVX512F__)
 static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
 static inline __m512 load16_bf16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
 
+/* The lane sums of 16 vectors: out[4 L + m] = sum of a[L + 4 m] (callers put key 4 (s % 4) + s / 4
+ * in slot s, so out[i] is key i's). */
+static inline __m512 sum_lanes16(const __m512 *a) {
+    __m512 u[8], v[4], w[2];
+    for (int m = 0; m < 8; m++) /* 128-bit lanes: [a0+a2, a1+a3] of a[2m], then of a[2m + 1] */
+        u[m] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], 0xEE));
+    for (int m = 0; m < 4; m++) /* 128-bit lane L: a[4m + L]'s four partial sums */
+        v[m] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * m], u[2 * m + 1], 0x88),
+                             _mm512_shuffle_f32x4(u[2 * m], u[2 * m + 1], 0xDD));
+    for (int m = 0; m < 2; m++)
+        w[m] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * m], v[2 * m + 1]), _mm512_unpackhi_ps(v[2 * m], v[2 * m + 1]));
+    return _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x44), _mm512_shuffle_ps(w[0], w[1], 0xEE));
+}
+
+static inline __m512 exp16(__m512 x) { /* x <= 0 */
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
 #define DEFINE_ATTEND_ONE(NAME, T, LOAD16)                                                       \
     static void NAME(const float *q, const T *k, const T *v, float *out, int length,            \
                      int head_dim, float scale, float *scores) {                                 \
-        int n = head_dim / 16;                                                                   \
-        __m512 qv[MAX_HEAD_DIM / 16], o[MAX_HEAD_DIM / 16];                                      \
+        int n = head_dim / 16, blocks = (length + 15) / 16;                                      \
+        __m512 qv[MAX_HEAD_DIM / 16], o[MAX_HEAD_DIM / 16], best = _mm512_set1_ps(-INFINITY);    \
         for (int c = 0; c < n; c++) qv[c] = _mm512_loadu_ps(q + c * 16);                         \
-        float best = -INFINITY;                                                                  \
-        for (int j = 0; j < length; j++) {                                                       \
-            const T *kj = k + (long)j * head_dim;                                                \
-            __m512 acc = _mm512_mul_ps(qv[0], LOAD16(kj));                                       \
-            for (int c = 1; c < n; c++) acc = _mm512_fmadd_ps(qv[c], LOAD16(kj + c * 16), acc);  \
-            scores[j] = _mm512_reduce_add_ps(acc) * scale;                                       \
-            if (scores[j] > best) best = scores[j];                                              \
+        for (int b = 0; b < blocks; b++) {                                                       \
+            __m512 acc[16];                                                                      \
+            for (int s = 0; s < 16; s++) {                                                       \
+                int j = b * 16 + 4 * (s % 4) + s / 4;                                            \
+                const T *kj = k + (long)(j < length ? j : length - 1) * head_dim;                \
+                acc[s] = _mm512_mul_ps(qv[0], LOAD16(kj));                                       \
+                for (int c = 1; c < n; c++) acc[s] = _mm512_fmadd_ps(qv[c], LOAD16(kj + c * 16), acc[s]); \
+            }                                                                                    \
+            __mmask16 valid = length - b * 16 >= 16 ? 0xFFFF : (1u << (length - b * 16)) - 1;  \
+            __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid,                     \
+                                           _mm512_mul_ps(sum_lanes16(acc), _mm512_set1_ps(scale))); \
+            _mm512_storeu_ps(scores + b * 16, sv);                                               \
+            best = _mm512_max_ps(best, sv);                                                      \
         }                                                                                        \
-        float total = 0;                                                                         \
+        __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(best)), total = _mm512_setzero_ps();    \
+        for (int b = 0; b < blocks; b++) {                                                       \
+            __mmask16 valid = length - b * 16 >= 16 ? 0xFFFF : (1u << (length - b * 16)) - 1;  \
+            __m512 w = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + b * 16), top))); \
+            _mm512_storeu_ps(scores + b * 16, w);                                                \
+            total = _mm512_add_ps(total, w);                                                     \
+        }                                                                                        \
         for (int c = 0; c < n; c++) o[c] = _mm512_setzero_ps();                                  \
         for (int j = 0; j < length; j++) {                                                       \
             const T *vj = v + (long)j * head_dim;                                                \
-            float w = expf(scores[j] - best);                                                    \
-            total += w;                                                                          \
-            for (int c = 0; c < n; c++) o[c] = _mm512_fmadd_ps(_mm512_set1_ps(w), LOAD16(vj + c * 16), o[c]); \
+            __m512 w = _mm512_set1_ps(scores[j]);                                                \
+            for (int c = 0; c < n; c++) o[c] = _mm512_fmadd_ps(w, LOAD16(vj + c * 16), o[c]);    \
         }                                                                                        \
-        for (int c = 0; c < n; c++) _mm512_storeu_ps(out + c * 16, _mm512_div_ps(o[c], _mm512_set1_ps(total))); \
+        __m512 sum = _mm512_set1_ps(_mm512_reduce_add_ps(total));                                \
+        for (int c = 0; c < n; c++) _mm512_storeu_ps(out + c * 16, _mm512_div_ps(o[c], sum));   \
     }
 
 DEFINE_ATTEND_ONE(attend_one_f32, float, load16_f32)
@@ -171,7 +215,7 @@ DEFINE_ATTEND_ONE(attend_one_bf16, uint16_t, load_bf16)
         _Pragma("omp parallel for num_threads(threads) schedule(static)")                        \
         for (int item = 0; item < queries * heads; item++) {                                     \
             int t = item / heads, h = item % heads, length = first_length + t;                   \
-            float *scores = malloc(sizeof(float) * length);                                      \
+            float *scores = malloc(sizeof(float) * ((length + 15) & ~15)); /* see attend_one */   \
             if (!scores) {                                                                       \
                 failed = 1;                                                                      \
                 continue;                                                                        \
