@@ -65,6 +65,7 @@ def test_without_a_compiler_pytorch_ops_serve(monkeypatch, tmp_path):
         kernels.load_library.cache_clear()
     assert type(make_kernels(H, HKV, HD, 576, torch.bfloat16)) is CKernels
     assert type(make_kernels(H, HKV, 20, 580, torch.bfloat16)) is TorchKernels  # a head_dim the C code does not take
+    assert type(make_kernels(H, HKV, 48, 576, torch.bfloat16)) is TorchKernels  # nor 48: the bf16 dot product takes 32
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

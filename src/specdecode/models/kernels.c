@@ -11,7 +11,7 @@
  * attend: causal attention of new positions over a KV cache, one (position, head) at a time; query
  *   t sees the first first_length + t keys. q, out: [queries, heads, head_dim] float32; k, v: one
  *   layer of the cache, [kv_heads, positions, head_dim] in bf16 or float32, kv_stride elements
- *   between kv heads; head_dim a multiple of LANES, at most MAX_HEAD_DIM.
+ *   between kv heads; head_dim a multiple of 2 LANES (the bf16 dot product takes 32), at most MAX_HEAD_DIM.
  * The caller (kernels.py) checks the shapes.
  */
 #include <math.h>
@@ -138,19 +138,19 @@ static inline __m512 exp16(__m512 x) { /* x <= 0 */
     return _mm512_scalef_ps(p, n);
 }
 
-#define DEFINE_ATTEND_ONE(NAME, T, LOAD16)                                                       \
+#define DEFINE_ATTEND_ONE(NAME, T, LOAD16, Q, PREPARE, SCORE)                                    \
     static void NAME(const float *q, const T *k, const T *v, float *out, int length,            \
                      int head_dim, float scale, float *scores) {                                 \
         int n = head_dim / 16, blocks = (length + 15) / 16;                                      \
-        __m512 qv[MAX_HEAD_DIM / 16], o[MAX_HEAD_DIM / 16], best = _mm512_set1_ps(-INFINITY);    \
-        for (int c = 0; c < n; c++) qv[c] = _mm512_loadu_ps(q + c * 16);                         \
+        __m512 o[MAX_HEAD_DIM / 16], best = _mm512_set1_ps(-INFINITY);                           \
+        Q qv[MAX_HEAD_DIM / 16];                                                                 \
+        PREPARE(qv, q, n);                                                                       \
         for (int b = 0; b < blocks; b++) {                                                       \
             __m512 acc[16];                                                                      \
             for (int s = 0; s < 16; s++) {                                                       \
                 int j = b * 16 + 4 * (s % 4) + s / 4;                                            \
                 const T *kj = k + (long)(j < length ? j : length - 1) * head_dim;                \
-                acc[s] = _mm512_mul_ps(qv[0], LOAD16(kj));                                       \
-                for (int c = 1; c < n; c++) acc[s] = _mm512_fmadd_ps(qv[c], LOAD16(kj + c * 16), acc[s]); \
+                acc[s] = SCORE(qv, kj, n);                                                       \
             }                                                                                    \
             __mmask16 valid = length - b * 16 >= 16 ? 0xFFFF : (1u << (length - b * 16)) - 1;  \
             __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid,                     \
@@ -175,8 +175,39 @@ static inline __m512 exp16(__m512 x) { /* x <= 0 */
         for (int c = 0; c < n; c++) _mm512_storeu_ps(out + c * 16, _mm512_div_ps(o[c], sum));   \
     }
 
-DEFINE_ATTEND_ONE(attend_one_f32, float, load16_f32)
-DEFINE_ATTEND_ONE(attend_one_bf16, uint16_t, load16_bf16)
+/* q.k of one key as 16 lanes of partial sums. Float32 products; or, with AVX512-BF16 and a bf16
+ * cache, the bf16 dot product of q rounded to bf16 (as PyTorch's bf16 attention rounds it) with the
+ * key as stored: exact products, 32 dims an instruction, no conversion of the key (head_dim a
+ * multiple of 32: kernels.py checks). */
+static inline void prepare_f32(__m512 *qv, const float *q, int n) {
+    for (int c = 0; c < n; c++) qv[c] = _mm512_loadu_ps(q + c * 16);
+}
+static inline __m512 score_f32(const __m512 *qv, const float *key, int n) {
+    __m512 acc = _mm512_mul_ps(qv[0], load16_f32(key));
+    for (int c = 1; c < n; c++) acc = _mm512_fmadd_ps(qv[c], load16_f32(key + c * 16), acc);
+    return acc;
+}
+DEFINE_ATTEND_ONE(attend_one_f32, float, load16_f32, __m512, prepare_f32, score_f32)
+
+#if defined(__AVX512BF16__)
+static inline void prepare_bf16(__m512bh *qv, const float *q, int n) {
+    for (int c = 0; c < n / 2; c++)
+        qv[c] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + c * 32 + 16), _mm512_loadu_ps(q + c * 32));
+}
+static inline __m512 score_bf16(const __m512bh *qv, const uint16_t *key, int n) {
+    __m512 acc = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[0], (__m512bh)_mm512_loadu_si512(key));
+    for (int c = 1; c < n / 2; c++) acc = _mm512_dpbf16_ps(acc, qv[c], (__m512bh)_mm512_loadu_si512(key + c * 32));
+    return acc;
+}
+DEFINE_ATTEND_ONE(attend_one_bf16, uint16_t, load16_bf16, __m512bh, prepare_bf16, score_bf16)
+#else
+static inline __m512 score_bf16(const __m512 *qv, const uint16_t *key, int n) {
+    __m512 acc = _mm512_mul_ps(qv[0], load16_bf16(key));
+    for (int c = 1; c < n; c++) acc = _mm512_fmadd_ps(qv[c], load16_bf16(key + c * 16), acc);
+    return acc;
+}
+DEFINE_ATTEND_ONE(attend_one_bf16, uint16_t, load16_bf16, __m512, prepare_f32, score_bf16)
+#endif
 #else
 #define DEFINE_ATTEND_ONE(NAME, T, LOAD)                                                         \
     static void NAME(const float *q, const T *k, const T *v, float *out, int length,            \

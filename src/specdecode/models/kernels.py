@@ -189,7 +189,7 @@ class CKernels(TorchKernels):
 
 def make_kernels(heads: int, kv_heads: int, head_dim: int, dim: int, dtype: torch.dtype) -> TorchKernels:
     """The C kernels where they serve these shapes and a compiler built them, else PyTorch's."""
-    fits = (dim % LANES == 0 and head_dim % LANES == 0 and head_dim <= MAX_HEAD_DIM and heads % kv_heads == 0
+    fits = (dim % LANES == 0 and head_dim % (2 * LANES) == 0 and head_dim <= MAX_HEAD_DIM and heads % kv_heads == 0
             and dtype in (torch.bfloat16, torch.float32))
     lib = load_library() if fits else None
     return CKernels(lib, heads, kv_heads, head_dim, dtype) if lib is not None else TorchKernels(heads, kv_heads,
