@@ -1,16 +1,19 @@
 """The native backend's small per-token operations (RMSNorm, RoPE with the cache writes, attention
-over the cache) and its LM head in 8-bit blocks.
+over the cache), its 4-bit block products and its LM head in 8-bit blocks.
 
 Each must compute a position exactly as it would be computed alone (the native backend's
 exactness). The small ones are dominated by PyTorch's per-op overhead at decode sizes: RMSNorm is
 eight ops (~17 us a call, 2.3 ms of a step), and row-invariant attention needs one fused-attention
-call per position and layer (~70 us each: ~13 ms of a k = 8 verification). The head is the largest
-product (49152 x 576), which a GGUF stores as Q8_0: in those 8-bit blocks it reads half of bf16's
-bytes (1.1 ms against 2.2 ms for one row here). `kernels.c` does each in one call, a row at a time
-in a fixed order. It is compiled once per machine and source with the system C compiler (cached
-next to the converted models), linked against the OpenMP runtime PyTorch has already loaded, and
-called through ctypes. `TorchKernels` is the same interface in PyTorch ops (no 8-bit head: the
-head stays bf16), used where no C compiler can build the file: exact too, only slower.
+call per position and layer (~70 us each: ~13 ms of a k = 8 verification). The products are bound
+by unpacking quantised weights on 2 cores: the 4-bit one unpacks each weight once for up to 8 rows
+(PyTorch's int4 kernel: once per 4 rows) and multiplies with bf16 dot products; the head
+(49152 x 576), which a GGUF stores as Q8_0, reads half of bf16's bytes in those 8-bit blocks (1.1 ms
+against 2.2 ms for one row here). `kernels.c` does each in one call, a row at a time in a fixed
+order. It is compiled once per machine and source with the system C compiler (cached next to the
+converted models), linked against the OpenMP runtime PyTorch has already loaded, and called
+through ctypes. `TorchKernels` is the same interface in PyTorch ops (no quantised products: then
+PyTorch's int4 kernel serves and the head stays bf16), used where no C compiler can build the file:
+exact too, only slower.
 """
 
 from __future__ import annotations
