@@ -21,14 +21,17 @@ from specdecode.models import kernels
 from specdecode.models.load import load_model
 
 
-def median_ms(fn, repeats: int) -> float:
-    fn()  # warm
-    times = []
+def medians_ms(fns: list, repeats: int) -> list[float]:
+    """Median wall time of each function, the functions taking turns at every repeat."""
+    for fn in fns:
+        fn()  # warm
+    times = [[] for _ in fns]
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+        for fn, spent in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            spent.append(time.perf_counter() - start)
+    return [statistics.median(t) * 1e3 for t in times]
 
 
 def main() -> None:
@@ -74,18 +77,16 @@ def main() -> None:
 
     lines = [f"# {__doc__.splitlines()[0]}", "", "```", "python " + " ".join(sys.argv), "```", "",
              f"Machine: {platform.platform()}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
-             f"medians of {args.repeats} runs, the two kernels alternating at every size.", "",
+             f"medians of {args.repeats} runs, the two kernels taking turns run by run.", "",
              "The 120 block products of SmolLM2-135M (q|k|v, o, gate|up, down of 30 layers; each weight read "
              "once a pass):", "", "| rows | " + " | ".join(models) + " | ratio |", "|---|---|---|---|"]
     for rows in args.rows:
-        t = {name: median_ms(products(m, rows), args.repeats) for name, m in models.items()}
-        a, b = t.values()
+        a, b = medians_ms([products(m, rows) for m in models.values()], args.repeats)
         lines.append(f"| {rows} | {a:.2f} ms | {b:.2f} ms | {b / a:.2f}x |")
     lines += ["", f"Whole forwards T(k) over k new tokens at {args.context} cached positions (LM head, attention "
               "and the rest included):", "", "| k | " + " | ".join(models) + " | ratio |", "|---|---|---|---|"]
     for k in args.rows:
-        t = {name: median_ms(forward(m, k), args.repeats) for name, m in models.items()}
-        a, b = t.values()
+        a, b = medians_ms([forward(m, k) for m in models.values()], args.repeats)
         lines.append(f"| {k} | {a:.2f} ms | {b:.2f} ms | {b / a:.2f}x |")
     text = "\n".join(lines) + "\n"
     print(text)

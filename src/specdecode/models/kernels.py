@@ -177,7 +177,6 @@ class CKernels(TorchKernels):
                         torch.get_num_threads())
         return y
 
-
     def q4_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
         """x [T, in] bf16 @ W^T for W in Q4_1 groups laid out as kernels.c's q4_matmul takes them:
         q [out / 16, in / 4, 32] uint8, coef [out / 16, in / 32, 2, 16] float32 -> [T, out] bf16."""
