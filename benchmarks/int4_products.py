@@ -83,6 +83,14 @@ def main() -> None:
     for rows in args.rows:
         a, b = medians_ms([products(m, rows) for m in models.values()], args.repeats)
         lines.append(f"| {rows} | {a:.2f} ms | {b:.2f} ms | {b / a:.2f}x |")
+    # bytes a pass reads against what the machine reads at best (a sum over 512 MB, the same threads)
+    nbytes = sum(t.numel() * t.element_size() for layer in ours.blocks for name in inputs
+                 for t in (layer[name].packed, layer[name].coef))
+    big = torch.ones(128 * 2 ** 20)
+    sum_ms, one_row_ms = medians_ms([big.sum, products(ours, 1)], args.repeats)
+    lines += ["", f"One row reads {nbytes / 1e6:.1f} MB (4-bit values and float32 group coefficients): "
+              f"{nbytes / one_row_ms / 1e6:.1f} GB/s, while `torch.sum` over 512 MB reads "
+              f"{big.numel() * 4 / sum_ms / 1e6:.1f} GB/s (the two taking turns)."]
     lines += ["", f"Whole forwards T(k) over k new tokens at {args.context} cached positions (LM head, attention "
               "and the rest included):", "", "| k | " + " | ".join(models) + " | ratio |", "|---|---|---|---|"]
     for k in args.rows:
