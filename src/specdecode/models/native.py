@@ -98,8 +98,8 @@ class Int4Linear:
 
     - `kernels.c`'s `q4_matmul` (bf16 activations on AVX512-BF16 CPUs): unpacks each weight once per
       call for up to 8 rows into bf16 and multiplies with the bf16 dot product. Over SmolLM2's 120
-      block products, side by side with PyTorch's kernel: 1.5x as fast for 1 row, 1.7x for 4, 1.9x
-      for 8 and 16 (`benchmarks/results/int4_products.md`).
+      block products, side by side with PyTorch's kernel: as fast for 1 row, 1.4x as fast for 4,
+      1.75x for 8 and 16 (`benchmarks/results/int4_products.md`).
     - elsewhere PyTorch's CPU kernel (`_weight_int4pack_mm_for_cpu`), which unpacks the weights again
       for every 4 rows.
 
