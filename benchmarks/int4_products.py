@@ -1,5 +1,6 @@
-"""The native backend's two 4-bit product kernels side by side in one process: kernels.c's
-`q4_matmul` (bf16 dot products, weights unpacked once for up to 8 rows) and PyTorch's
+"""The native backend's two 4-bit product kernels, side by side in one process.
+
+kernels.c's `q4_matmul` (bf16 dot products, weights unpacked once for up to 8 rows) and PyTorch's
 `_weight_int4pack_mm_for_cpu`, on the embedded model's own 120 block products, then whole forwards
 T(k) with each. Timings alternate between the two at every size (the machine's speed drifts).
 
