@@ -99,8 +99,9 @@ DEFINE_ROPE_STORE(rope_store_bf16, uint16_t, load_bf16, store_bf16)
 
 /* One (position, head): scores[j] = scale q.k_j, softmax over j < length, out = sum_j w_j v_j.
  * With AVX-512, keys go 16 at a time: each key's products summed by one fixed tree that leaves the
- * 16 scores in one vector, and a vector exp (Cephes' expf polynomial, within 2 ulp). Measured
- * against a reduction and a libm expf per key: ~2x faster. scores holds length rounded up to 16. */
+ * 16 scores in one vector, and a vector exp (Cephes' expf polynomial: within 1.3 ulp of exp over
+ * [-87, 0], checked). Measured against a reduction and a libm expf per key: 1.5-1.7x faster over 30
+ * layers at 256 and 800 cached positions. scores holds length rounded up to 16. */
 #if defined(__AVX512F__)
 static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
 static inline __m512 load16_bf16(const uint16_t *p) {
