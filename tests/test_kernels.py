@@ -33,6 +33,20 @@ def test_rms_norm_equals_pytorch_and_each_row_is_computed_alone(lib, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_equals_pytorch_and_each_row_is_computed_alone(lib, dtype):
+    gen = torch.Generator().manual_seed(6)
+    gate_up = (torch.randn(9, 2 * 1544, generator=gen) * 4).to(dtype)  # 1544: 96 vectors of 16 and a tail of 8
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # exp's range limits
+    ours = CKernels(lib, H, HKV, HD, dtype).silu_mul(gate_up)
+    reference = TorchKernels.silu_mul(gate_up.float())  # silu(gate) * up in float32
+    assert ours.shape == (9, 1544) and ours.dtype == dtype
+    torch.testing.assert_close(ours.float(), reference, rtol=1e-5 if dtype == torch.float32 else 2 ** -8,
+                               atol=1e-6)
+    alone = torch.cat([CKernels(lib, H, HKV, HD, dtype).silu_mul(gate_up[i : i + 1]) for i in range(9)])
+    assert torch.equal(ours, alone)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("p0", [0, 37, 300])
 def test_attention_equals_pytorch_and_a_position_attends_alone_as_in_a_batch(lib, dtype, p0):
     gen = torch.Generator().manual_seed(p0)

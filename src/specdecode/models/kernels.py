@@ -76,6 +76,9 @@ def load_library() -> ctypes.CDLL | None:
     for name in ("rms_norm_f32", "rms_norm_bf16"):
         getattr(lib, name).restype = None
         getattr(lib, name).argtypes = pointers[:3] + i32[:2] + [ctypes.c_float]
+    for name in ("silu_mul_f32", "silu_mul_bf16"):
+        getattr(lib, name).restype = None
+        getattr(lib, name).argtypes = pointers[:2] + i32[:2]
     for name in ("rope_store_f32", "rope_store_bf16"):
         getattr(lib, name).restype = None
         getattr(lib, name).argtypes = pointers + pointers[:2] + i32 + [ctypes.c_long, ctypes.c_int]
@@ -105,6 +108,12 @@ class TorchKernels:
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
         return weight * h.to(x.dtype)
+
+    @staticmethod
+    def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        """The MLP's activation: gate_up [T, 2 I] (gate | up) -> silu(gate) * up [T, I]."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
 
     def rope_store(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
                    values: torch.Tensor, p0: int) -> torch.Tensor:
@@ -136,8 +145,8 @@ class CKernels(TorchKernels):
     def __init__(self, lib: ctypes.CDLL, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
         super().__init__(heads, kv_heads, head_dim)
         suffix = "bf16" if dtype == torch.bfloat16 else "f32"
-        self._rms_norm, self._rope_store, self._attend = (getattr(lib, f"{op}_{suffix}")
-                                                          for op in ("rms_norm", "rope_store", "attend"))
+        self._rms_norm, self._rope_store, self._attend, self._silu_mul = (
+            getattr(lib, f"{op}_{suffix}") for op in ("rms_norm", "rope_store", "attend", "silu_mul"))
         self._q8_matmul, self._q4_matmul = lib.q8_matmul, lib.q4_matmul
         self.dtype, self.scale = dtype, head_dim ** -0.5
         # the 4-bit product takes bf16 activations and needs AVX512-BF16's dot product
@@ -147,6 +156,13 @@ class CKernels(TorchKernels):
         x = x.contiguous()
         out = torch.empty_like(x)
         self._rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps)
+        return out
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate_up = gate_up.contiguous()
+        T, width = gate_up.shape
+        out = torch.empty(T, width // 2, dtype=gate_up.dtype)
+        self._silu_mul(gate_up.data_ptr(), out.data_ptr(), T, width // 2)
         return out
 
     def rope_store(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
@@ -161,11 +177,11 @@ class CKernels(TorchKernels):
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, p0: int) -> torch.Tensor:
         T = q.shape[0]
         qf = q.float().contiguous()  # [T, H, hd]
-        out = torch.empty_like(qf)
+        out = torch.empty(T, self.heads * self.head_dim, dtype=self.dtype)  # written in the cache's dtype
         if self._attend(qf.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(), T, self.heads,
                         self.kv_heads, self.head_dim, keys.stride(0), p0 + 1, self.scale, torch.get_num_threads()):
             raise MemoryError("attention: no memory for one query's scores")
-        return out.view(T, self.heads * self.head_dim).to(self.dtype)
+        return out
 
     def q8_matmul(self, x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         """x [T, in] @ W^T for W in Q8_0 blocks laid out as kernels.c's q8_matmul takes them:

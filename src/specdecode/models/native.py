@@ -183,6 +183,7 @@ class NativeCache:
         # never read before written: positions past `length` are not attended to
         self.k = torch.empty(layers, kv_heads, positions, head_dim, dtype=dtype)
         self.v = torch.empty(layers, kv_heads, positions, head_dim, dtype=dtype)
+        self.layer_k, self.layer_v = self.k.unbind(0), self.v.unbind(0)  # per-layer views, made once
         self.length = 0
 
     def __len__(self) -> int:
@@ -319,14 +320,15 @@ class NativeLlama:
         for i, b in enumerate(self.blocks):
             products = self.prefill_products[i] if prefill else b
             qkv = products["qkv"](self.kernels.rms_norm(x, b["attn_norm"], self.eps))  # [T, (H + 2 Hkv) hd]
-            q = self.kernels.rope_store(qkv, cos, sin, cache.k[i], cache.v[i], p0)  # [T, H, hd]; k, v cached
+            keys, values = cache.layer_k[i], cache.layer_v[i]  # [Hkv, P, hd]
+            q = self.kernels.rope_store(qkv, cos, sin, keys, values, p0)  # [T, H, hd]; k, v cached
             if prefill:  # all queries at once (the decode loop prefills a prompt alone, plain or not)
                 attn = self._attend_block(q, i, cache, p0)
             else:  # each position alone: its numerics do not depend on what shares the call
-                attn = self.kernels.attend(q, cache.k[i], cache.v[i], p0)
+                attn = self.kernels.attend(q, keys, values, p0)
             x = x + products["o"](attn)
-            gate, up = products["gate_up"](self.kernels.rms_norm(x, b["mlp_norm"], self.eps)).chunk(2, dim=-1)
-            x = x + products["down"](F.silu(gate) * up)
+            gate_up = products["gate_up"](self.kernels.rms_norm(x, b["mlp_norm"], self.eps))  # [T, 2 I]
+            x = x + products["down"](self.kernels.silu_mul(gate_up))
         cache.length = p0 + T
         return x
 
