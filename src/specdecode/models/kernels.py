@@ -1,5 +1,5 @@
 """The native backend's small per-token operations (RMSNorm, RoPE with the cache writes, attention
-over the cache), its 4-bit block products and its LM head in 8-bit blocks.
+over the cache, the MLP's activation), its 4-bit block products and its LM head in 8-bit blocks.
 
 Each must compute a position exactly as it would be computed alone (the native backend's
 exactness). The small ones are dominated by PyTorch's per-op overhead at decode sizes: RMSNorm is
@@ -97,7 +97,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class TorchKernels:
-    """RMSNorm, RoPE with the cache writes, and attention over the cache, in PyTorch ops."""
+    """RMSNorm, RoPE with the cache writes, attention over the cache and the MLP's activation, in
+    PyTorch ops."""
 
     def __init__(self, heads: int, kv_heads: int, head_dim: int) -> None:
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim

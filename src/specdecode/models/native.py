@@ -14,8 +14,9 @@ Python and small ops; llama.cpp's quantised products are compute-bound (verifyin
   so the prompt runs through the bf16 products (an 800-token prompt: 0.97 s against 1.76 s).
 - Keeps a static KV cache [layers, kv_heads, positions, head_dim], preallocated: `trim(n)` moves a
   length counter and rejected positions are simply overwritten by the next forward (gpt-fast).
-- Runs RMSNorm, RoPE with the cache writes, and the attention of new positions in small C kernels
-  (`kernels.py`): one call each per layer where PyTorch needed ~8, ~16 ops or one call per position.
+- Runs RMSNorm, RoPE with the cache writes, the attention of new positions and the MLP's
+  silu(gate) * up in small C kernels (`kernels.py`): one call each per layer where PyTorch needed
+  ~8, ~16, one per position or 3 ops.
 - Computes logits only where the caller needs them (`num_logits`), so a prefill does not run the
   49k-wide head over the whole prompt; long prompts prefill in chunks.
 
