@@ -2,7 +2,7 @@
 
 kernels.c's `q4_matmul` (bf16 dot products, weights unpacked once for up to 8 rows) and PyTorch's
 `_weight_int4pack_mm_for_cpu`, on the embedded model's own 120 block products, then whole forwards
-T(k) with each. Timings alternate between the two at every size (the machine's speed drifts).
+T(k) with each. The two take turns run by run (the machine's speed drifts).
 
     python benchmarks/int4_products.py --out benchmarks/results/int4_products.md
 """

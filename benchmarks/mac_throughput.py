@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from specdecode.models.kernels import c_compiler
 
 SOURCE = r"""
 #include <immintrin.h>
@@ -71,7 +72,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    compiler = c_compiler()
     if compiler is None:
         sys.exit("no C compiler found (set CC)")
     with tempfile.TemporaryDirectory() as tmp:

@@ -141,6 +141,9 @@ static inline __m512 exp16(__m512 x) { /* x <= 88; below -87 it gives exp(-87) *
     return _mm512_scalef_ps(p, n);
 }
 
+/* The lanes of a block of 16 keys that hold keys (left: keys from the block's first on). */
+static inline __mmask16 tail_mask(int left) { return left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1); }
+
 #define DEFINE_ATTEND_ONE(NAME, T, LOAD16, STORE, Q, PREPARE, SCORE)                             \
     static void NAME(const float *q, const T *k, const T *v, T *out, int length,                \
                      int head_dim, float scale, float *scores) {                                 \
@@ -155,7 +158,7 @@ static inline __m512 exp16(__m512 x) { /* x <= 88; below -87 it gives exp(-87) *
                 const T *kj = k + (long)(j < length ? j : length - 1) * head_dim;                \
                 acc[s] = SCORE(qv, kj, n);                                                       \
             }                                                                                    \
-            __mmask16 valid = length - b * 16 >= 16 ? 0xFFFF : (1u << (length - b * 16)) - 1;  \
+            __mmask16 valid = tail_mask(length - b * 16);                                        \
             __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid,                     \
                                            _mm512_mul_ps(sum_lanes16(acc), _mm512_set1_ps(scale))); \
             _mm512_storeu_ps(scores + b * 16, sv);                                               \
@@ -163,7 +166,7 @@ static inline __m512 exp16(__m512 x) { /* x <= 88; below -87 it gives exp(-87) *
         }                                                                                        \
         __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(best)), total = _mm512_setzero_ps();    \
         for (int b = 0; b < blocks; b++) {                                                       \
-            __mmask16 valid = length - b * 16 >= 16 ? 0xFFFF : (1u << (length - b * 16)) - 1;  \
+            __mmask16 valid = tail_mask(length - b * 16);                                        \
             __m512 w = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + b * 16), top))); \
             _mm512_storeu_ps(scores + b * 16, w);                                                \
             total = _mm512_add_ps(total, w);                                                     \

@@ -48,10 +48,15 @@ def _cpu_signature() -> str:
     return "\n".join(sorted({line for line in lines if line.startswith(("model name", "flags"))}))
 
 
+def c_compiler() -> str | None:
+    """The C compiler to build with: $CC, else gcc or cc on the PATH; None where there is none."""
+    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+
+
 @lru_cache(maxsize=None)
 def load_library() -> ctypes.CDLL | None:
     """kernels.c compiled for this CPU, built on first use; None where no C compiler can build it."""
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    compiler = c_compiler()
     if compiler is None:
         return None
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *FLAGS, _cpu_signature()]).encode()).hexdigest()
