@@ -167,6 +167,10 @@ def _parser() -> argparse.ArgumentParser:
                            "(default: OUT.corpus.npz)")
     dist.add_argument("--data-minutes", type=float, default=50.0, help="time for generating the corpus (default 50)")
     dist.add_argument("--train-minutes", type=float, default=55.0, help="training time (default 55)")
+    dist.add_argument("--data-batches", type=int, default=None,
+                      help="stop generating after this many batches, even within --data-minutes")
+    dist.add_argument("--train-steps", type=int, default=None,
+                      help="stop training after this many steps, even within --train-minutes")
     dist.add_argument("--layers", type=int, default=3)
     dist.add_argument("--dim", type=int, default=256)
     dist.add_argument("--heads", type=int, default=4)
@@ -584,6 +588,9 @@ def cmd_distill(args) -> int:
         _positive("--" + name.replace("_", "-"), getattr(args, name))
     if args.data_minutes <= 0 or args.train_minutes <= 0:
         raise ValueError("--data-minutes and --train-minutes must be positive")
+    for name in ("data_batches", "train_steps"):
+        if getattr(args, name) is not None:
+            _positive("--" + name.replace("_", "-"), getattr(args, name))
     if args.lr <= 0:
         raise ValueError(f"--lr must be positive, got {args.lr}")
     if args.backend == "auto":
@@ -600,7 +607,8 @@ def cmd_distill(args) -> int:
                   kept=args.kept, window=args.window)
     distill(target, out, args.corpus or out.rstrip("/") + ".corpus.npz", args.data_minutes * 60,
             args.train_minutes * 60, config, lr=args.lr, tokens_per_batch=args.batch_tokens, seed=args.seed,
-            batch_size=args.gen_batch, max_new_tokens=args.answer_tokens, log=lambda m: print(m, flush=True))
+            batch_size=args.gen_batch, max_new_tokens=args.answer_tokens, log=lambda m: print(m, flush=True),
+            max_batches=args.data_batches, max_steps=args.train_steps)
     return 0
 
 

@@ -130,14 +130,15 @@ def generate_batch(target, prompts: list[list[int]], max_new_tokens: int, temper
 
 
 def build_corpus(target, seconds: float, batch_size: int = 32, max_new_tokens: int = 256, top_k: int = 32,
-                 seed: int = 0, passage_share: float = 0.5, log=print) -> Corpus:
-    """Generate for about `seconds`: seed prompts first, then prompts quoting the seed answers.
+                 seed: int = 0, passage_share: float = 0.5, log=print, max_batches: int | None = None) -> Corpus:
+    """Generate for about `seconds` (or `max_batches` batches, whichever ends first; at least one):
+    seed prompts first, then prompts quoting the seed answers.
 
     Batches alternate greedy and temperature-1 sampling. Each batch is one `generate()` call, so the
     budget is checked between batches and the last one may run over by one batch's time.
     """
-    if seconds <= 0 or batch_size < 1 or max_new_tokens < 1:
-        raise ValueError("the corpus needs a positive time budget, batch size and answer length")
+    if seconds <= 0 or batch_size < 1 or max_new_tokens < 1 or (max_batches is not None and max_batches < 1):
+        raise ValueError("the corpus needs a positive time budget, batch count, batch size and answer length")
     start = time.perf_counter()
     tok = target.tokenizer
     parts: list[Corpus] = []
@@ -145,7 +146,7 @@ def build_corpus(target, seconds: float, batch_size: int = 32, max_new_tokens: i
     stage_one = seconds * (1 - passage_share)
     seeds = iter(seed_prompts(100_000, seed))
     batch_no = 0
-    while time.perf_counter() - start < seconds:
+    while batch_no == 0 or (time.perf_counter() - start < seconds and (max_batches is None or batch_no < max_batches)):
         in_stage_one = time.perf_counter() - start < stage_one or not passages
         if in_stage_one:
             pairs = [next(seeds) for _ in range(batch_size)]
@@ -164,4 +165,7 @@ def build_corpus(target, seconds: float, batch_size: int = 32, max_new_tokens: i
         total = sum(p.num_answer_tokens for p in parts)
         log(f"corpus: batch {batch_no} ({'seed' if in_stage_one else 'passage'} prompts, temperature "
             f"{temperature:g}): {total} answer tokens in {time.perf_counter() - start:.0f} s")
+    if not sum(p.num_answer_tokens for p in parts):
+        raise ValueError(f"no answer token was generated in {seconds / 60:g} minutes ({batch_no} batches): every "
+                         "answer ended at once; raise --answer-tokens or --data-minutes")
     return Corpus.concat(parts)

@@ -14,11 +14,13 @@ from .train import choose_kept_ids, kept_coverage, train
 
 def distill(target, out: str | Path, corpus_path: str | Path, data_seconds: float, train_seconds: float,
             config: dict, lr: float = 2e-3, tokens_per_batch: int = 8192, seed: int = 0, batch_size: int = 32,
-            max_new_tokens: int = 256, log=print) -> Path:
+            max_new_tokens: int = 256, log=print, max_batches: int | None = None,
+            max_steps: int | None = None) -> Path:
     """Train a draft for `target` (a transformers-backend model) and save it to `out`.
 
-    The corpus is generated (about `data_seconds`) and saved to `corpus_path`, or reused from there
-    when the file exists.
+    The corpus is generated (about `data_seconds`, or `max_batches` generation batches) and saved to
+    `corpus_path`, or reused from there when the file exists; training runs for `train_seconds` or
+    `max_steps` steps, whichever ends first.
     """
     start = time.perf_counter()
     corpus_path = Path(corpus_path)
@@ -28,7 +30,8 @@ def distill(target, out: str | Path, corpus_path: str | Path, data_seconds: floa
             "answer tokens); delete it to generate a new one")
         data_seconds_used = 0.0
     else:
-        corpus = build_corpus(target, data_seconds, batch_size, max_new_tokens, seed=seed, log=log)
+        corpus = build_corpus(target, data_seconds, batch_size, max_new_tokens, seed=seed, log=log,
+                              max_batches=max_batches)
         corpus.save(corpus_path)
         data_seconds_used = time.perf_counter() - start
         log(f"corpus written to {corpus_path}")
@@ -42,7 +45,8 @@ def distill(target, out: str | Path, corpus_path: str | Path, data_seconds: floa
     net.kept_ids.copy_(kept)
     init_embedding_from(net, target.model.get_input_embeddings().weight.detach())
     log(f"draft network: {param_count(net) / 1e6:.1f}M parameters, {cfg}")
-    result = train(net, corpus, train_seconds, lr=lr, tokens_per_batch=tokens_per_batch, seed=seed, log=log)
+    result = train(net, corpus, train_seconds, lr=lr, tokens_per_batch=tokens_per_batch, seed=seed, log=log,
+                   max_steps=max_steps)
     meta = dict(target=target.name, corpus_sequences=corpus.num_sequences, corpus_answer_tokens=corpus.num_answer_tokens,
                 kept_coverage=coverage, data_seconds=round(data_seconds_used), lr=lr, tokens_per_batch=tokens_per_batch,
                 seed=seed, **result)
