@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from specdecode.models import kernels
+from specdecode.models.native import kernels
 from specdecode.models.load import load_model
 
 

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specdecode.models.kernels import c_compiler
+from specdecode.models.native.plan import c_compiler
 
 SOURCE = r"""
 #include <immintrin.h>

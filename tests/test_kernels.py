@@ -1,19 +1,26 @@
-"""The native backend's C kernels (RMSNorm, attention over the cache): built here, equal to the
-PyTorch operations they replace, and row-invariant; without a compiler the PyTorch ones serve."""
+"""The native backend's C kernels on every path this host can run (AVX-512, AVX2, portable):
+built here, equal to the PyTorch operations they replace, and row-invariant; without a compiler,
+or with a source that does not build, the PyTorch ones serve and the plan says why."""
 
 import pytest
 import torch
 
-from specdecode.models import kernels
-from specdecode.models.kernels import CKernels, TorchKernels, make_kernels
+from specdecode.models.native import plan
+from specdecode.models.native.kernels import CKernels, TorchKernels, make_kernels
+from specdecode.models.native.linear import F32Linear, Int4Linear, Q8Linear
+from quantized import q4_grid
 
 H, HKV, HD = 9, 3, 64  # SmolLM2's attention shape
+C_PATHS = [p for p in plan.runnable_paths() if p != "torch"]
 
 
-@pytest.fixture(scope="module")
-def lib():
-    built = kernels.load_library()
-    assert built is not None, "kernels.c did not compile with this machine's C compiler"
+@pytest.fixture(scope="module", params=C_PATHS)
+def lib(request):
+    """kernels.c built for one path (each runnable path in turn: an AVX-512 host tests AVX2 too)."""
+    compiler = plan.c_compiler()
+    assert compiler is not None, "no C compiler on this machine"
+    built, isa, _ = plan._load(request.param, compiler)
+    assert isa in plan._expected_isa(request.param)
     return built
 
 
@@ -67,19 +74,52 @@ def test_attention_equals_pytorch_and_a_position_attends_alone_as_in_a_batch(lib
     assert torch.equal(changed[:7], batch[:7]) and not torch.equal(changed[7], batch[7])
 
 
-def test_without_a_compiler_pytorch_ops_serve(monkeypatch, tmp_path):
+def test_without_a_compiler_pytorch_ops_serve_and_the_plan_says_why(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
-    kernels.load_library.cache_clear()
+    monkeypatch.delenv(plan.ENV, raising=False)
+    plan.clear()
     try:
-        assert kernels.load_library() is None
-        assert type(make_kernels(H, HKV, HD, 576, torch.bfloat16)) is TorchKernels
+        with pytest.warns(RuntimeWarning, match="running PyTorch ops"):
+            kernels = make_kernels(H, HKV, HD, 576, torch.bfloat16)
+        assert type(kernels) is TorchKernels and kernels.plan.path == "torch"
+        assert "no-such-compiler" in kernels.plan.reason
+        monkeypatch.setenv(plan.ENV, C_PATHS[-1])  # a forced path that cannot be built is an error, not a fallback
+        with pytest.raises(plan.BuildError, match="could not build kernels.c"):
+            make_kernels(H, HKV, HD, 576, torch.bfloat16)
     finally:
         monkeypatch.undo()
-        kernels.load_library.cache_clear()
+        plan.clear()
     assert type(make_kernels(H, HKV, HD, 576, torch.bfloat16)) is CKernels
     assert type(make_kernels(H, HKV, 20, 580, torch.bfloat16)) is TorchKernels  # a head_dim the C code does not take
     assert type(make_kernels(H, HKV, 48, 576, torch.bfloat16)) is TorchKernels  # nor 48: the bf16 dot product takes 32
+
+
+def test_a_kernel_source_that_does_not_build_falls_back_with_the_compilers_message(monkeypatch, tmp_path):
+    broken = tmp_path / "kernels.c"
+    broken.write_text(plan.SOURCE.read_text() + "\nthis line is not C;\n")
+    monkeypatch.setattr(plan, "SOURCE", broken)
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    monkeypatch.delenv(plan.ENV, raising=False)
+    plan.clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="running PyTorch ops"):
+            kernels = make_kernels(H, HKV, HD, 576, torch.float32)
+        assert type(kernels) is TorchKernels and "could not build kernels.c" in kernels.plan.reason
+        assert "error" in kernels.plan.reason  # the compiler's own words
+    finally:
+        monkeypatch.undo()
+        plan.clear()
+
+
+def test_an_unknown_or_unrunnable_path_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv(plan.ENV, "avx9000")
+    with pytest.raises(ValueError, match="not a kernel path; choose one of auto, avx512, avx2, portable, torch"):
+        plan.kernel_plan()
+    if "avx512" not in plan.runnable_paths():
+        monkeypatch.setenv(plan.ENV, "avx512")
+        with pytest.raises(plan.BuildError, match="cannot run the avx512 path"):
+            plan.kernel_plan()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -104,8 +144,6 @@ def test_rope_and_cache_writes_equal_pytorch_and_each_row_is_computed_alone(lib,
 
 
 def test_q8_head_reads_a_q8_grid_exactly_rows_alone_as_in_a_batch(lib):
-    from specdecode.models.native import Q8Linear
-
     gen = torch.Generator().manual_seed(4)
     q = torch.randint(-127, 128, (96, 576 // 32, 32), generator=gen).float()
     q[..., 0] = 127  # Q8_0 maps each group's largest magnitude to +-127
@@ -123,13 +161,11 @@ def test_q8_head_reads_a_q8_grid_exactly_rows_alone_as_in_a_batch(lib):
 
 
 def test_q4_product_reads_a_q4_grid_exactly_rows_alone_as_in_a_batch(lib):
-    """kernels.c's 4-bit product (AVX512-BF16): the Q4_1 grid's values, each row computed alone."""
-    from specdecode.models.native import Int4Linear
-    from quantized import q4_grid
-
+    """kernels.c's 4-bit product with bf16 activations (AVX512-BF16): the Q4_1 grid's values, each row
+    computed alone."""
     ours = CKernels(lib, H, HKV, HD, torch.bfloat16)
     if not ours.q4:
-        pytest.skip("this CPU has no AVX512-BF16: PyTorch's 4-bit kernel serves (tested in test_native)")
+        pytest.skip("this build has no AVX512-BF16: the float32 4-bit product serves (tested below)")
     gen = torch.Generator().manual_seed(5)
     for out_features, in_features in ((96, 1536), (960, 576)):
         weight = q4_grid(out_features, in_features, gen)
@@ -144,6 +180,48 @@ def test_q4_product_reads_a_q4_grid_exactly_rows_alone_as_in_a_batch(lib):
         torch.testing.assert_close(y.float(), x.float() @ weight.t(), rtol=2 ** -7, atol=2e-2)
         alone = torch.cat([linear(x[i : i + 1]) for i in range(16)])
         assert torch.equal(y, alone) and all(torch.equal(linear(x[:rows]), y[:rows]) for rows in range(2, 16))
-    # float32 activations: PyTorch's kernel; outputs not a multiple of 16: no 4-bit product
-    assert Int4Linear.quantize(weight, torch.float32, CKernels(lib, H, HKV, HD, torch.float32)).kernels is None
-    assert Int4Linear.quantize(q4_grid(40, 576, gen), torch.bfloat16, ours) is None
+    assert Int4Linear.quantize(q4_grid(40, 576, gen), torch.bfloat16, ours) is None  # outputs not a multiple of 16
+
+
+def test_float32_q4_product_reads_a_q4_grid_exactly_rows_alone_as_in_a_batch(lib):
+    """The 4-bit product with float32 activations (every C build): the grid read back exactly, the
+    product within float32 rounding, every row the same alone and in batches of 2..16."""
+    ours = CKernels(lib, H, HKV, HD, torch.float32)
+    gen = torch.Generator().manual_seed(7)
+    for out_features, in_features in ((96, 1536), (960, 576)):
+        weight = q4_grid(out_features, in_features, gen)
+        linear = Int4Linear.quantize(weight, torch.float32, ours)
+        assert linear.float_activations and linear.out_features == out_features
+        torch.testing.assert_close(linear(torch.eye(in_features)), weight.t(), rtol=0, atol=1e-6)
+        x = torch.randn(16, in_features, generator=gen)
+        y = linear(x)
+        torch.testing.assert_close(y, x @ weight.t(), rtol=1e-5, atol=1e-4)
+        alone = torch.cat([linear(x[i : i + 1]) for i in range(16)])
+        assert torch.equal(y, alone) and all(torch.equal(linear(x[:rows]), y[:rows]) for rows in range(2, 16))
+    assert Int4Linear.quantize(q4_grid(40, 576, gen), torch.float32, ours) is None
+
+
+def test_float32_product_rows_alone_as_in_a_batch(lib):
+    """Float32 weights through f32_matmul: within float32 rounding of x @ W^T, and each row's result
+    independent of the row count (a BLAS call's is not)."""
+    ours = CKernels(lib, H, HKV, HD, torch.float32)
+    gen = torch.Generator().manual_seed(8)
+    weight = torch.randn(96, 1536, generator=gen) * 0.05
+    linear = F32Linear(weight, ours)
+    x = torch.randn(16, 1536, generator=gen)
+    y = linear(x)
+    torch.testing.assert_close(y, x @ weight.t(), rtol=1e-5, atol=1e-4)
+    alone = torch.cat([linear(x[i : i + 1]) for i in range(16)])
+    assert torch.equal(y, alone) and all(torch.equal(linear(x[:rows]), y[:rows]) for rows in range(2, 16))
+
+
+def test_every_c_path_computes_the_same_function(lib):
+    """The paths differ in instructions, not in what they compute: each agrees with the portable build
+    within float32 rounding."""
+    portable, _, _ = plan._load("portable", plan.c_compiler())
+    gen = torch.Generator().manual_seed(9)
+    weight = q4_grid(96, 576, gen)
+    x = torch.randn(5, 576, generator=gen)
+    ours = Int4Linear.quantize(weight, torch.float32, CKernels(lib, H, HKV, HD, torch.float32))(x)
+    reference = Int4Linear.quantize(weight, torch.float32, CKernels(portable, H, HKV, HD, torch.float32))(x)
+    torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)

@@ -1,12 +1,14 @@
 """The native PyTorch Llama backend: its products' batch invariance, agreement with transformers,
 exact rollback, greedy identity of speculative decoding, and losslessness on the real model."""
 
+import os
+
 import pytest
 import torch
 
 from specdecode import (AdaptiveGamma, ModelDrafter, PromptLookupDrafter, SamplingParams, autoregressive_decode,
                         encode_prompt, speculative_decode)
-from specdecode.models.native import Int4Linear, Linear, Q8Linear, bf16_supported, load_native
+from specdecode.models.native import Int4Linear, Linear, Q8Linear, activation_dtype, bf16_supported, load_native, plan
 from quantized import q4_grid
 from stats import chi2_pvalue
 from realmodel import COPY_PROMPT, GREEDY, lookup_and_plain_greedy, tokens_of
@@ -79,7 +81,7 @@ def tiny_llama(directory, grid: bool):
 
 def test_auto_runs_4_bit_weights_as_4_bit_and_anything_else_in_bf16(tmp_path):
     grid, plain = tiny_llama(tmp_path / "grid", True), tiny_llama(tmp_path / "plain", False)
-    wide = "bfloat16" if bf16_supported() else "float32"
+    wide = str(activation_dtype()).removeprefix("torch.")
     assert load_native(grid, "auto").dtype == "int4" and load_native(plain, "auto").dtype == wide
     with pytest.raises(ValueError, match="layer 0's qkv product of plain is not 4-bit groups of 32"):
         load_native(plain, "int4")
@@ -90,15 +92,50 @@ def test_auto_runs_4_bit_weights_as_4_bit_and_anything_else_in_bf16(tmp_path):
     assert (a - b).abs().max() < 0.05 * b.abs().max() and torch.equal(a.argmax(-1), b.argmax(-1))
 
 
-@pytest.fixture(scope="module", params=["auto", "bfloat16"])
-def native(request):
-    """The embedded target as the native backend runs it by default (4-bit), and in bf16."""
+def _variants():
+    """(test id, kernel path, --dtype) of every configuration this host runs: the default (4-bit) on
+    each kernel path, the float products on the best one, PyTorch's ops. The id names what runs:
+    a host without bf16 units runs float32 under a float32 id."""
+    c_paths = [p for p in plan.runnable_paths() if p != "torch"]
+    best = c_paths[0] if c_paths else "torch"
+    wide = str(activation_dtype()).removeprefix("torch.")
+    return [(f"{path}-int4", path, "auto") for path in c_paths] + [(f"{best}-{wide}", best, "bfloat16"),
+                                                                     ("torch-int4", "torch", "auto")]
+
+
+VARIANTS = _variants()
+DEFAULT = VARIANTS[0]  # what a plain `load_model` runs on this host
+
+
+def load_on_path(path: str, dtype: str):
+    """The embedded target with the kernel path forced as $SPECDECODE_KERNELS forces it."""
     from specdecode.models.load import load_model
 
-    model = load_model(None, backend="native", dtype=request.param)
-    assert model.dtype == ("int4" if request.param == "auto" else "bfloat16" if bf16_supported() else "float32")
-    assert isinstance(model.head, Q8Linear) == (request.param == "auto")  # the GGUF's Q8_0 head, 4-bit mode only
+    before = os.environ.get(plan.ENV)
+    os.environ[plan.ENV] = path
+    try:
+        model = load_model(None, backend="native", dtype=dtype)
+    finally:
+        os.environ.pop(plan.ENV) if before is None else os.environ.__setitem__(plan.ENV, before)
+    assert model.kernels.plan.path == path
     return model
+
+
+@pytest.fixture(scope="module", params=VARIANTS, ids=[v[0] for v in VARIANTS])
+def any_native(request):
+    """The embedded target on each kernel path and precision this host runs."""
+    name, path, dtype = request.param
+    model = load_on_path(path, dtype)
+    assert f"{path}-{model.dtype}" == name
+    assert isinstance(model.head, Q8Linear) == (dtype == "auto" and path != "torch")  # the GGUF's Q8_0 head
+    return model
+
+
+@pytest.fixture(scope="module", params=VARIANTS[:1] + VARIANTS[-2:-1], ids=[VARIANTS[0][0], VARIANTS[-2][0]])
+def native(request):
+    """The embedded target as this host runs it by default (4-bit on the best path), and its float
+    products: the configurations the decode-level tests run on."""
+    return load_on_path(*request.param[1:])
 
 
 @pytest.mark.slow
@@ -117,7 +154,8 @@ def test_float32_logits_agree_with_transformers():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("context", [37, 300])
-def test_a_forward_over_k_tokens_equals_k_single_steps_bit_for_bit(native, context):
+def test_a_forward_over_k_tokens_equals_k_single_steps_bit_for_bit(any_native, context):
+    native = any_native
     gen = torch.Generator().manual_seed(context)
     prefix = torch.randint(0, 5000, (1, context), generator=gen)
     tokens = torch.randint(0, 5000, (1, 9), generator=gen)
@@ -132,7 +170,8 @@ def test_a_forward_over_k_tokens_equals_k_single_steps_bit_for_bit(native, conte
 
 
 @pytest.mark.slow
-def test_rollback_is_exact_and_logits_come_only_where_asked(native):
+def test_rollback_is_exact_and_logits_come_only_where_asked(any_native):
+    native = any_native
     cache = native.new_cache()
     assert native.forward(torch.tensor([[1, 2, 3, 4]]), cache, num_logits=1).shape == (1, 1, 49152)
     first = native.forward(torch.tensor([[1000, 2000, 3000]]), cache)

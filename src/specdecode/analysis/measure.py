@@ -16,7 +16,7 @@ from ..decode import autoregressive_decode
 from ..drafters.base import Drafter
 from ..formulas import verify_curve
 from ..models.base import Model, check_same_vocab
-from ..models.hf import cache_root
+from ..models.files import cache_root
 from ..sampling import SamplingParams
 from ..verify import draft_acceptance, match_vocab
 

@@ -16,14 +16,10 @@ from pathlib import Path
 import torch
 
 from .base import Vocabulary
+from .files import cache_root
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32,
           "float16": torch.float16, "fp16": torch.float16}
-
-
-def cache_root() -> Path:
-    """Where converted models live: $SPECDECODE_CACHE, else ~/.cache/specdecode."""
-    return Path(os.environ.get("SPECDECODE_CACHE", Path.home() / ".cache" / "specdecode"))
 
 
 class HFCache:

@@ -20,11 +20,26 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
 #define LANES 16
+
+/* The instruction set this file was built for, as kernels.py's kernel plan reports it. */
+const char *kernels_isa(void) {
+#if defined(__AVX512BF16__)
+    return "avx512-bf16";
+#elif defined(__AVX512F__)
+    return "avx512";
+#elif defined(__AVX2__) && defined(__FMA__)
+    return "avx2-fma";
+#elif defined(__aarch64__)
+    return "aarch64";
+#else
+    return "portable";
+#endif
+}
 #define MAX_HEAD_DIM 256
 
 static inline float load_f32(float x) { return x; }
@@ -307,59 +322,357 @@ DEFINE_SILU_MUL(silu_mul_bf16, uint16_t, load_bf16, store_bf16)
 DEFINE_ATTEND(attend_f32, float, attend_one_f32)
 DEFINE_ATTEND(attend_bf16, uint16_t, attend_one_bf16)
 
-/* y = x W^T for a weight held as int8 in groups of 32 inputs with one scale each (w = scale q, the
- * GGUF Q8_0 block format), laid out 16 outputs at a time: q [out / 16][in][16], scales
- * [out / 16][in / 32][16]. A quarter of float32's bytes, half of bf16's; each int8 weight is
- * converted once per call and used for up to ROWS rows. A row's result is the same sequence of
- * vector operations whatever the other rows are. x [rows, in] and y [rows, out] float32; in a
- * multiple of 32, out of 16. */
+/* Products over weights laid out 16 outputs at a time, in GCC/clang vector types that compile to
+ * whatever vectors the build has (two AVX2 registers, one AVX-512 register, four SSE or NEON ones).
+ * A call takes its rows 4, 2 or 1 at a time (three rows: four, the last repeated), and each row's
+ * result is the same sequence of operations whichever of these runs it: a row is computed as it
+ * would be alone. */
 typedef float v16f __attribute__((vector_size(64)));
-#define ROWS 4
+typedef int8_t v16i8 __attribute__((vector_size(16)));
+typedef uint8_t v16u8 __attribute__((vector_size(16)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
 
-#if defined(__AVX512F__)
-static inline v16f widen_i8(const int8_t *p) {
-    __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
-    v16f r;
-    memcpy(&r, &f, sizeof r);
-    return r;
+static inline v16f load_v16f(const float *p) {
+    v16f v;
+    memcpy(&v, p, sizeof v);
+    return v;
 }
-#else
-static inline v16f widen_i8(const int8_t *p) {
-    v16f r;
-    for (int l = 0; l < 16; l++) r[l] = (float)p[l];
-    return r;
+
+/* Runs ROWS_FN(x, ..., r0, rows, R) over all rows of block nb in chunks of R = 4, 2, 1. */
+#define FOR_ROW_CHUNKS(rows, CALL)                                                               \
+    for (int r0 = 0; r0 < (rows);) {                                                             \
+        int left = (rows) - r0;                                                                  \
+        if (left > 2) {                                                                          \
+            CALL(4);                                                                             \
+            r0 += 4;                                                                             \
+        } else if (left == 2) {                                                                  \
+            CALL(2);                                                                             \
+            r0 += 2;                                                                             \
+        } else {                                                                                 \
+            CALL(1);                                                                             \
+            r0 += 1;                                                                             \
+        }                                                                                        \
+    }
+
+static inline void row_pointers(const float *x, int in, int r0, int rows, int R, const float **xr) {
+    for (int r = 0; r < R; r++) xr[r] = x + (long)(r0 + r < rows ? r0 + r : rows - 1) * in;
+}
+
+static inline void store_rows(float *y, const v16f *acc, int out, int nb, int r0, int rows, int R) {
+    for (int r = 0; r < R && r0 + r < rows; r++) memcpy(y + (long)(r0 + r) * out + (long)nb * 16, &acc[r], 64);
+}
+
+/* y = x W^T for a weight held as int8 in groups of 32 inputs with one scale each (w = scale q, the
+ * GGUF Q8_0 block format): q [out / 16][in][16], scales [out / 16][in / 32][16]. A quarter of
+ * float32's bytes, half of bf16's. x [rows, in] and y [rows, out] float32; in a multiple of 32. */
+static inline __attribute__((always_inline)) void q8_rows(const float *x, const int8_t *qb, const float *sb, float *y,
+                                                          int in, int out, int nb, int r0, int rows, const int R) {
+    const float *xr[4];
+    row_pointers(x, in, r0, rows, R, xr);
+    v16f acc[4] = {0};
+    for (int g = 0; g < in / 32; g++) {
+        v16f part[4][2] = {{0}};
+        const int8_t *w = qb + (long)g * 32 * 16;
+        for (int i = 0; i < 32; i += 2) {
+            v16i8 b0, b1;
+            memcpy(&b0, w + i * 16, 16);
+            memcpy(&b1, w + (i + 1) * 16, 16);
+            v16f w0 = __builtin_convertvector(b0, v16f), w1 = __builtin_convertvector(b1, v16f);
+            for (int r = 0; r < R; r++) {
+                part[r][0] += xr[r][g * 32 + i] * w0;
+                part[r][1] += xr[r][g * 32 + i + 1] * w1;
+            }
+        }
+        v16f s = load_v16f(sb + g * 16);
+        for (int r = 0; r < R; r++) acc[r] += s * (part[r][0] + part[r][1]);
+    }
+    store_rows(y, acc, out, nb, r0, rows, R);
+}
+
+#if !(defined(__AVX2__) && defined(__FMA__))
+int q8_matmul(const float *x, const int8_t *q, const float *scales, float *y, int rows, int in, int out,
+              int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int nb = 0; nb < out / 16; nb++) {
+        const int8_t *qb = q + (long)nb * in * 16;
+        const float *sb = scales + (long)nb * (in / 32) * 16;
+#define Q8_CALL(R) q8_rows(x, qb, sb, y, in, out, nb, r0, rows, R)
+        FOR_ROW_CHUNKS(rows, Q8_CALL)
+#undef Q8_CALL
+    }
+    return 0;
 }
 #endif
 
-void q8_matmul(const float *x, const int8_t *q, const float *scales, float *y, int rows, int in, int out,
-               int threads) {
-    int blocks = out / 16, groups = in / 32;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int nb = 0; nb < blocks; nb++) {
-        const int8_t *qb = q + (long)nb * in * 16;
-        const float *sb = scales + (long)nb * groups * 16;
-        for (int r0 = 0; r0 < rows; r0 += ROWS) {
-            const float *xr[ROWS];
-            for (int r = 0; r < ROWS; r++) xr[r] = x + (long)(r0 + r < rows ? r0 + r : rows - 1) * in;
-            v16f acc[ROWS] = {0};
-            for (int g = 0; g < groups; g++) {
-                v16f part[ROWS][2] = {{0}};
-                const int8_t *w = qb + (long)g * 32 * 16;
-                for (int i = 0; i < 32; i += 2) {
-                    v16f w0 = widen_i8(w + i * 16), w1 = widen_i8(w + (i + 1) * 16);
-                    for (int r = 0; r < ROWS; r++) {
-                        part[r][0] += xr[r][g * 32 + i] * w0;
-                        part[r][1] += xr[r][g * 32 + i + 1] * w1;
-                    }
-                }
-                v16f s;
-                memcpy(&s, sb + g * 16, sizeof s);
-                for (int r = 0; r < ROWS; r++) acc[r] += s * (part[r][0] + part[r][1]);
-            }
-            for (int r = 0; r < ROWS && r0 + r < rows; r++)
-                memcpy(y + (long)(r0 + r) * out + (long)nb * 16, &acc[r], sizeof acc[r]);
+/* y = x W^T for a float32 weight laid out w [out / 16][in][16] (x, y float32; in a multiple of 32): the products
+ * of a float32 model, whose row results must not depend on the row count (a BLAS call's do). */
+static inline __attribute__((always_inline)) void f32_rows(const float *x, const float *wb, float *y, int in, int out,
+                                                           int nb, int r0, int rows, const int R) {
+    const float *xr[4];
+    row_pointers(x, in, r0, rows, R, xr);
+    v16f part[4][2] = {{0}}, acc[4];
+    for (int i = 0; i < in; i += 2) {
+        v16f w0 = load_v16f(wb + (long)i * 16), w1 = load_v16f(wb + (long)(i + 1) * 16);
+        for (int r = 0; r < R; r++) {
+            part[r][0] += xr[r][i] * w0;
+            part[r][1] += xr[r][i + 1] * w1;
         }
     }
+    for (int r = 0; r < R; r++) acc[r] = part[r][0] + part[r][1];
+    store_rows(y, acc, out, nb, r0, rows, R);
+}
+
+#if !(defined(__AVX2__) && defined(__FMA__))
+void f32_matmul(const float *x, const float *w, float *y, int rows, int in, int out, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int nb = 0; nb < out / 16; nb++) {
+        const float *wb = w + (long)nb * in * 16;
+#define F32_CALL(R) f32_rows(x, wb, y, in, out, nb, r0, rows, R)
+        FOR_ROW_CHUNKS(rows, F32_CALL)
+#undef F32_CALL
+    }
+}
+#endif
+
+/* y = x W^T for a weight held as 4-bit integers in groups of 32 inputs, w = d q + m, q in 0..15 (the
+ * GGUF Q4_1 block format), with float32 activations: the 4-bit product of CPUs without AVX512-BF16
+ * (AVX2, portable builds). Layout, 16 outputs at a time: q [out / 16][in / 32][16][16] bytes, byte
+ * [i][o] of a group holding output o's input i in its low nibble and input i + 16 in its high one;
+ * coef [out / 16][in / 32][2][16] float16, d and m as the GGUF file holds them (half the bytes of
+ * float32 coefficients: 13 of SmolLM2's 65 MB a step); a = 16 d and b = m - 16 d in float32.
+ * Unpacking: a nibble placed in the mantissa of float32 1.0 (bits 19..22) reads (16 + q) / 16
+ * exactly, in integer operations only (a shift, an and, an or per 16 weights and nibble), so a
+ * group's contribution is a S + b sum_i x_i with S = sum_i x_i (16 + q_i) / 16. */
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff, bits;
+    if (exponent == 0) { /* zero or subnormal: mantissa 2^-24 */
+        float f = (float)mantissa * (1.0f / 16777216.0f);
+        memcpy(&bits, &f, sizeof bits);
+        bits |= sign;
+    } else if (exponent == 31) {
+        bits = sign | 0x7f800000u | mantissa << 13;
+    } else {
+        bits = sign | (exponent + 112) << 23 | mantissa << 13;
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline v16f load_half16(const uint16_t *p) {
+    v16f v;
+    for (int l = 0; l < 16; l++) v[l] = half_to_float(p[l]);
+    return v;
+}
+
+static inline __attribute__((always_inline)) void q4f_rows(const float *x, const uint8_t *qb, const uint16_t *cb,
+                                                           const float *sums, float *y, int in, int out, int nb,
+                                                           int r0, int rows, const int R) {
+    const int groups = in / 32;
+    const float *xr[4], *sr[4];
+    row_pointers(x, in, r0, rows, R, xr);
+    row_pointers(sums, groups, r0, rows, R, sr);
+    const v16u mask = (v16u){0} + 0x780000u, one = (v16u){0} + 0x3F800000u;
+    v16f acc[4] = {0};
+    for (int g = 0; g < groups; g++) {
+        v16f part[4][2] = {{0}};
+        const uint8_t *w = qb + (long)g * 256;
+        __builtin_prefetch(w + 2048);
+        __builtin_prefetch(w + 2048 + 64);
+        __builtin_prefetch(w + 2048 + 128);
+        __builtin_prefetch(w + 2048 + 192);
+        __builtin_prefetch(cb + (g + 8) * 32);
+        __builtin_prefetch(cb + (g + 8) * 32 + 16);
+        for (int i = 0; i < 16; i++) {
+            v16u8 b;
+            memcpy(&b, w + i * 16, 16);
+            v16u v = __builtin_convertvector(b, v16u);
+            v16f lo = (v16f)(((v << 19) & mask) | one), hi = (v16f)(((v << 15) & mask) | one);
+            for (int r = 0; r < R; r++) {
+                part[r][0] += xr[r][g * 32 + i] * lo;
+                part[r][1] += xr[r][g * 32 + 16 + i] * hi;
+            }
+        }
+        v16f a = load_half16(cb + g * 32) * 16.0f, b = load_half16(cb + g * 32 + 16) - a;
+        for (int r = 0; r < R; r++) acc[r] = a * (part[r][0] + part[r][1]) + (b * sr[r][g] + acc[r]);
+    }
+    store_rows(y, acc, out, nb, r0, rows, R);
+}
+
+/* The rows' sums of x over each group of 32 inputs, in a fixed order (float32 or bf16 x). */
+#define DEFINE_GROUP_SUMS(NAME, T, LOAD)                                                         \
+    static float *NAME(const T *x, int rows, int in) {                                           \
+        int groups = in / 32;                                                                    \
+        float *sums = malloc(sizeof(float) * rows * groups);                                     \
+        if (!sums) return NULL;                                                                  \
+        for (int r = 0; r < rows; r++)                                                           \
+            for (int g = 0; g < groups; g++) {                                                   \
+                float s = 0;                                                                     \
+                for (int i = 0; i < 32; i++) s += LOAD(x[(long)r * in + g * 32 + i]);            \
+                sums[r * groups + g] = s;                                                        \
+            }                                                                                    \
+        return sums;                                                                             \
+    }
+DEFINE_GROUP_SUMS(group_sums_f32, float, load_f32)
+DEFINE_GROUP_SUMS(group_sums_bf16, uint16_t, load_bf16)
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* AVX2 versions of the 4-bit (float32 activations), 8-bit and float32 products: the generic vectors above
+ * compile to spills at this width, so these are written with intrinsics. Both take a group of 32
+ * inputs x 16 outputs at a time, and a row's group sum runs in four chains (outputs 0-7 and 8-15 of
+ * inputs 0-15, the same of inputs 16-31), each in input order. One row alone unpacks the weights in
+ * registers; rows in a batch unpack each group once into a 2 KB float32 tile that every row reads,
+ * two at a time. Both do the same operations on a row, so a row's result does not depend on the
+ * row count. */
+enum { Q4F = 0, Q8 = 1, F32 = 2 };
+
+static inline __m256 q4f_nibble(__m256i v, int shift) { /* (16 + q) / 16 from bits 19..22 of float32 1.0 */
+    return _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(v, shift), _mm256_set1_epi32(0x780000)),
+                                               _mm256_set1_epi32(0x3F800000)));
+}
+
+/* w[0..3]: the weights of input i (outputs 0-7, 8-15) and of input i + 16 (the same) of one group */
+static inline __attribute__((always_inline)) void unpack_pair(const uint8_t *group, int i, __m256 *w, const int format) {
+    if (format == Q4F) { /* byte [i][o]: input i in the low nibble, i + 16 in the high one */
+        __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(group + i * 16)));
+        __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(group + i * 16 + 8)));
+        w[0] = q4f_nibble(v0, 19), w[1] = q4f_nibble(v1, 19), w[2] = q4f_nibble(v0, 15), w[3] = q4f_nibble(v1, 15);
+    } else if (format == F32) { /* float32 [i][o] */
+        for (int j = 0; j < 4; j++) w[j] = _mm256_loadu_ps((const float *)group + ((j >> 1) * 16 + i) * 16 + (j & 1) * 8);
+    } else { /* int8 [i][o] */
+        for (int j = 0; j < 4; j++)
+            w[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                _mm_loadl_epi64((const __m128i *)(group + ((j >> 1) * 16 + i) * 16 + (j & 1) * 8))));
+    }
+}
+
+/* acc (16 outputs) += the group's contribution from its four chains c */
+static inline __attribute__((always_inline)) void finish_group(__m256 *acc, const __m256 *c, const float *cb, int g,
+                                                               float sum, const int format) {
+    for (int h = 0; h < 2; h++) {
+        __m256 s = _mm256_add_ps(c[h], c[h + 2]);
+        if (format == Q4F) { /* a S + b sum(x), a = 16 d, b = m - 16 d; d and m float16 */
+            const uint16_t *dm = (const uint16_t *)cb + g * 32 + 8 * h;
+            __m256 a = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dm)), _mm256_set1_ps(16.0f));
+            __m256 b = _mm256_sub_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dm + 16))), a);
+            acc[h] = _mm256_fmadd_ps(a, s, _mm256_fmadd_ps(b, _mm256_set1_ps(sum), acc[h]));
+        }
+        else if (format == Q8) /* scale S */
+            acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(cb + g * 16 + 8 * h), s, acc[h]);
+        else
+            acc[h] = _mm256_add_ps(acc[h], s);
+    }
+}
+
+static inline __attribute__((always_inline)) void group_chains(const float *xg, const __m256 *w, __m256 *c, int i) {
+    __m256 lo = _mm256_set1_ps(xg[i]), hi = _mm256_set1_ps(xg[16 + i]);
+    c[0] = _mm256_fmadd_ps(lo, w[0], c[0]);
+    c[1] = _mm256_fmadd_ps(lo, w[1], c[1]);
+    c[2] = _mm256_fmadd_ps(hi, w[2], c[2]);
+    c[3] = _mm256_fmadd_ps(hi, w[3], c[3]);
+}
+
+static inline __attribute__((always_inline)) int product_block(const float *x, const uint8_t *qb, const float *cb,
+                                                               const float *sums, float *y, int rows, int in,
+                                                               int out, int nb, const int format) {
+    const int groups = in / 32, group_bytes = format == Q4F ? 256 : format == Q8 ? 512 : 2048;
+    if (rows == 1) {
+        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int g = 0; g < groups; g++) {
+            const uint8_t *grp = qb + (long)g * group_bytes;
+            for (int line = 0; line < group_bytes; line += 64)
+                _mm_prefetch((const char *)(grp + 8 * group_bytes + line), _MM_HINT_T0);
+            __m256 c[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}, w[4];
+            for (int i = 0; i < 16; i++) {
+                unpack_pair(grp, i, w, format);
+                group_chains(x + g * 32, w, c, i);
+            }
+            finish_group(acc, c, cb, g, format == Q4F ? sums[g] : 0, format);
+        }
+        _mm256_storeu_ps(y + (long)nb * 16, acc[0]);
+        _mm256_storeu_ps(y + (long)nb * 16 + 8, acc[1]);
+        return 0;
+    }
+    float tile[32 * 16] __attribute__((aligned(32)));
+    float *accs = calloc((size_t)rows * 16, sizeof(float));
+    if (!accs) return 1;
+    for (int g = 0; g < groups; g++) {
+        const uint8_t *grp = qb + (long)g * group_bytes;
+        for (int line = 0; line < group_bytes; line += 64)
+            _mm_prefetch((const char *)(grp + 8 * group_bytes + line), _MM_HINT_T0);
+        for (int i = 0; i < 16 && format != F32; i++) { /* float32 weights are read in place */
+            __m256 w[4];
+            unpack_pair(grp, i, w, format);
+            for (int j = 0; j < 4; j++) _mm256_store_ps(tile + i * 32 + j * 8, w[j]);
+        }
+        for (int r0 = 0; r0 < rows; r0 += 2) {
+            int R = rows - r0 >= 2 ? 2 : 1;
+            __m256 c[2][4];
+            for (int r = 0; r < 2; r++)
+                for (int j = 0; j < 4; j++) c[r][j] = _mm256_setzero_ps();
+            for (int i = 0; i < 16; i++) {
+                __m256 w[4];
+                if (format == F32)
+                    unpack_pair(grp, i, w, format);
+                else
+                    for (int j = 0; j < 4; j++) w[j] = _mm256_load_ps(tile + i * 32 + j * 8);
+                group_chains(x + (long)r0 * in + g * 32, w, c[0], i);
+                if (R == 2) group_chains(x + (long)(r0 + 1) * in + g * 32, w, c[1], i);
+            }
+            for (int r = 0; r < R; r++) {
+                __m256 acc[2] = {_mm256_loadu_ps(accs + (r0 + r) * 16), _mm256_loadu_ps(accs + (r0 + r) * 16 + 8)};
+                finish_group(acc, c[r], cb, g, format == Q4F ? sums[(long)(r0 + r) * groups + g] : 0, format);
+                _mm256_storeu_ps(accs + (r0 + r) * 16, acc[0]);
+                _mm256_storeu_ps(accs + (r0 + r) * 16 + 8, acc[1]);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) memcpy(y + (long)r * out + (long)nb * 16, accs + r * 16, 64);
+    free(accs);
+    return 0;
+}
+
+static int q4f_block(const float *x, const uint8_t *qb, const uint16_t *cb, const float *sums, float *y, int rows,
+                     int in, int out, int nb) {
+    return product_block(x, qb, (const float *)cb, sums, y, rows, in, out, nb, Q4F);
+}
+
+void f32_matmul(const float *x, const float *w, float *y, int rows, int in, int out, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int nb = 0; nb < out / 16; nb++)
+        product_block(x, (const uint8_t *)(w + (long)nb * in * 16), NULL, NULL, y, rows, in, out, nb, F32);
+}
+
+int q8_matmul(const float *x, const int8_t *q, const float *scales, float *y, int rows, int in, int out,
+              int threads) {
+    int failed = 0;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int nb = 0; nb < out / 16; nb++)
+        if (product_block(x, (const uint8_t *)q + (long)nb * in * 16, scales + (long)nb * (in / 32) * 16, NULL, y,
+                          rows, in, out, nb, Q8))
+            failed = 1;
+    return failed;
+}
+#else
+static int q4f_block(const float *x, const uint8_t *qb, const uint16_t *cb, const float *sums, float *y, int rows,
+                     int in, int out, int nb) {
+#define Q4F_CALL(R) q4f_rows(x, qb, cb, sums, y, in, out, nb, r0, rows, R)
+    FOR_ROW_CHUNKS(rows, Q4F_CALL)
+#undef Q4F_CALL
+    return 0;
+}
+#endif
+
+int q4f_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y, int rows, int in, int out,
+               int threads) {
+    int groups = in / 32, failed = 0;
+    float *sums = group_sums_f32(x, rows, in);
+    if (!sums) return 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int nb = 0; nb < out / 16; nb++)
+        if (q4f_block(x, q + (long)nb * in * 8, coef + (long)nb * groups * 32, sums, y, rows, in, out, nb)) failed = 1;
+    free(sums);
+    return failed;
 }
 
 /* y = x W^T for a weight held as 4-bit integers in groups of 32 inputs, w = d q + m, q in 0..15 (the
@@ -428,14 +741,8 @@ static inline __attribute__((always_inline)) void q4_rows(const uint16_t *x, con
 int q4_matmul(const uint16_t *x, const uint8_t *q, const float *coef, uint16_t *y, int rows, int in, int out,
               int threads) {
     int blocks = out / 16, groups = in / 32;
-    float *sums = malloc(sizeof(float) * rows * groups); /* sum of x over each group of each row */
+    float *sums = group_sums_bf16(x, rows, in);
     if (!sums) return 1;
-    for (int r = 0; r < rows; r++)
-        for (int g = 0; g < groups; g++) {
-            float s = 0;
-            for (int i = 0; i < 32; i++) s += load_bf16(x[(long)r * in + g * 32 + i]);
-            sums[r * groups + g] = s;
-        }
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int nb = 0; nb < blocks; nb++) {
         const uint8_t *qb = q + (long)nb * in * 8;

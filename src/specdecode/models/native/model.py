@@ -1,37 +1,4 @@
-"""A native PyTorch Llama for CPU targets, in the spirit of gpt-fast: a static KV cache and as few,
-as cheap operations per token as the architecture allows.
-
-Why. Speculative decoding pays only where one forward over k tokens costs about one step, and a
-CPU decode step is bound by the bytes of weights it reads. transformers spends most of a step in
-Python and small ops; llama.cpp's quantised products are compute-bound (verifying k tokens costs
-~k steps). This backend:
-
-- Reads 4-bit weights where the model is 4-bit (a Q4_1 GGUF: its own values, see `Int4Linear`),
-  else bf16 (float32 where the CPU has no bf16 units) reordered once for oneDNN (`Linear`); each
-  projection group is one product (q|k|v, gate|up). With 4-bit products, an LM head stored in 8-bit
-  blocks (Q8_0, as SmolLM2's GGUF stores it) runs as such (`Q8Linear`, half of bf16's bytes); else
-  the head is bf16. A prefill is compute-bound, not bandwidth-bound,
-  so the prompt runs through the bf16 products (an 800-token prompt: 0.97 s against 1.76 s).
-- Keeps a static KV cache [layers, kv_heads, positions, head_dim], preallocated: `trim(n)` moves a
-  length counter and rejected positions are simply overwritten by the next forward (gpt-fast).
-- Runs RMSNorm, RoPE with the cache writes, the attention of new positions and the MLP's
-  silu(gate) * up in small C kernels (`kernels.py`): one call each per layer where PyTorch needed
-  ~8, ~16, one per position or 3 ops.
-- Computes logits only where the caller needs them (`num_logits`), so a prefill does not run the
-  49k-wide head over the whole prompt; long prompts prefill in chunks.
-
-Exactness. Greedy speculative output equals plain greedy output only if a forward over k tokens
-computes each position exactly as single steps do. Row results of the products do not depend on
-the row count (bf16 inputs wider than 1024 are split, see `Linear`), RMSNorm, RoPE and the MLP are
-row-wise, and after the prefill each position attends alone over exactly the keys it sees: so
-every position's logits are bit-identical however the tokens after the prompt are batched (tested).
-The prefill (a forward into an empty cache) attends with all its queries at once, which is fast
-but rounds by its length: the decode loop therefore prefills the prompt alone, plain or
-speculative, and both see the same cache.
-
-Loads the Llama family (SmolLM2, Llama 2/3 shapes; default RoPE) from a transformers directory or
-a GGUF file (dequantised once, as the `hf` backend does).
-"""
+"""The native Llama: loading, the forward pass over the static cache, and the loader entry point."""
 
 from __future__ import annotations
 
@@ -42,158 +9,18 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .base import Vocabulary
+from ..base import Vocabulary
+from .cache import NativeCache
 from .kernels import make_kernels
+from .linear import Int4Linear, Linear, Q8Linear, bf16_supported, dense
+from .plan import kernel_plan
 
 
-def bf16_supported() -> bool:
-    """Whether oneDNN runs bf16 products natively here (AVX512-BF16 or AMX)."""
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
-class Linear:
-    """y = x W^T with W reordered once for oneDNN (bf16), or a plain `F.linear` (float32).
-
-    Batch invariance: oneDNN's bf16 product sums over the input dimension K in an order that
-    depends on the row count once K exceeds 1024 (measured: SmolLM2's down projection, K = 1536,
-    gave row results that differ between 1 and 2..16 rows; K <= 1024 never did). So a wider input
-    is split into equal chunks of at most 1024 and the partial products added, which makes every
-    row's result independent of how many rows share the call.
-    """
-
-    MAX_K = 1024
-
-    def __init__(self, weight: torch.Tensor) -> None:  # weight [out, in]
-        self.out_features, in_features = weight.shape
-        self.packed = weight.dtype == torch.bfloat16 and bf16_supported()
-        parts = -(-in_features // self.MAX_K) if self.packed else 1
-        self.splits = [in_features // parts + (i < in_features % parts) for i in range(parts)]
-        chunks = weight.split(self.splits, dim=1)
-        self.weights = [torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 1) if self.packed else w.contiguous()
-                        for w in chunks]
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
-        if not self.packed:
-            return F.linear(x, self.weights[0])
-        xs = x.split(self.splits, dim=-1) if len(self.splits) > 1 else (x,)
-        y = None
-        for xi, w in zip(xs, self.weights):
-            yi = torch.ops.mkldnn._linear_pointwise(xi.contiguous(), w, None, "none", [], "")
-            y = yi if y is None else y + yi
-        return y
-
-
-def _grid_values(w: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, lowest: int, highest: int):
-    """The integers q (lowest..highest) with w = scale * q + offset per group, or None unless they
-    reproduce every weight to within a thousandth of its group's step. w [N, K/G, G] float32;
-    offset and scale [N, K/G, 1] (a zero scale, a constant group, is taken as 1). Returns (q, scale)."""
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = ((w - offset) / scale).round_().clamp_(lowest, highest)
-    return None if ((q * scale + offset - w).abs() > scale * 1e-3).any() else (q, scale)
-
-
-class Int4Linear:
-    """y = x W^T with W held as 4-bit integers in groups of 32 inputs, each group with a scale and a
-    minimum: w = scale * q + minimum, q in 0..15 (the GGUF Q4_1 block format): a quarter of the bf16
-    bytes, which is what a decode step is bound by. Two kernels:
-
-    - `kernels.c`'s `q4_matmul` (bf16 activations on AVX512-BF16 CPUs): unpacks each weight once per
-      call for up to 8 rows into bf16 and multiplies with the bf16 dot product. Over SmolLM2's 120
-      block products, side by side with PyTorch's kernel: as fast for 1 row, 1.4x as fast for 4,
-      1.75x for 8 and 16 (`benchmarks/results/int4_products.md`).
-    - elsewhere PyTorch's CPU kernel (`_weight_int4pack_mm_for_cpu`), which unpacks the weights again
-      for every 4 rows.
-
-    `quantize` returns None unless the weight already is such a grid (every weight reproduced to
-    within a thousandth of its group's step): a model dequantised from Q4_1 is run on its own
-    4-bit values, never a lossy requantisation of another format. Row results do not depend on the
-    row count (tested with the other batch-invariance tests).
-    """
-
-    GROUP = 32
-
-    def __init__(self, packed: torch.Tensor, coef: torch.Tensor, out_features: int, kernels=None) -> None:
-        self.packed, self.coef = packed, coef  # the kernel's layouts of q and of the groups' scales and minima
-        self.out_features = out_features
-        self.kernels = kernels  # with q4_matmul, else PyTorch's kernel
-
-    @classmethod
-    def quantize(cls, weight: torch.Tensor, dtype: torch.dtype, kernels=None) -> Int4Linear | None:
-        """weight [out, in] (float) -> an Int4Linear holding exactly its values, or None. Runs through
-        `kernels.q4_matmul` where `kernels.q4` says it serves."""
-        N, K = weight.shape
-        if K % cls.GROUP or N % 16:  # both kernels take outputs 16 at a time
-            return None
-        w = weight.float().view(N, K // cls.GROUP, cls.GROUP)
-        low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)  # [N, K/G, 1]
-        grid = _grid_values(w, low, (high - low) / 15, 0, 15)  # Q4_1 maps a group's min to 0, its max to 15
-        if grid is None:
-            return None
-        q, scale = grid
-        if getattr(kernels, "q4", False):
-            # kernels.c's layout: per 16 outputs and 4 inputs 32 bytes, byte 2o + j = q[o, j] | q[o, j + 2] << 4
-            q = q.to(torch.uint8).view(N // 16, 16, K // 4, 2, 2)  # [blocks, o, chunk, high nibble?, j]
-            packed = (q[..., 0, :] | q[..., 1, :] << 4).transpose(1, 2).reshape(N // 16, K // 4, 32)  # o, j -> 2o + j
-            coef = torch.cat([16 * scale, low - 16 * scale], dim=-1)  # a = 16 d, b = m - 16 d: [N, K/G, 2]
-            return cls(packed, coef.view(N // 16, 16, K // cls.GROUP, 2).permute(0, 2, 3, 1).contiguous(), N,
-                       kernels)
-        packed = torch._convert_weight_to_int4pack_for_cpu(q.view(N, K).to(torch.int32), 1)
-        # PyTorch's kernel computes (q - 8) * scale + offset, with both in the activation dtype
-        scales_zeros = torch.cat([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous().to(dtype)
-        return cls(packed, scales_zeros, N)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
-        if self.kernels is not None:
-            return self.kernels.q4_matmul(x, self.packed, self.coef)
-        return torch._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed, self.GROUP, self.coef)
-
-
-class Q8Linear:
-    """y = x W^T with W held as int8 in groups of 32 inputs, each with one scale: w = scale * q (the
-    GGUF Q8_0 block format, in which SmolLM2's file stores its tied embedding / LM head). Runs
-    through `kernels.c` (`CKernels.q8_matmul`); float32 out. Like `Int4Linear.quantize`, `quantize`
-    returns None unless the weight already is such a grid, so nothing is requantised."""
-
-    def __init__(self, q: torch.Tensor, scales: torch.Tensor, kernels) -> None:
-        self.q, self.scales, self.kernels = q, scales, kernels  # [out/16, in, 16] int8, [out/16, in/32, 16]
-        self.out_features = q.shape[0] * 16
-
-    @classmethod
-    def quantize(cls, weight: torch.Tensor, kernels) -> Q8Linear | None:
-        """weight [out, in] (float) -> a Q8Linear holding exactly its values, or None."""
-        N, K = weight.shape
-        if K % 32 or N % 16 or not hasattr(kernels, "q8_matmul"):
-            return None
-        w = weight.float().view(N, K // 32, 32)
-        # Q8_0 maps each group's largest magnitude to +-127
-        grid = _grid_values(w, torch.zeros(()), w.abs().amax(-1, keepdim=True) / 127, -127, 127)
-        if grid is None:
-            return None
-        q, scale = grid
-        q = q.to(torch.int8).view(N // 16, 16, K).transpose(1, 2).contiguous()
-        return cls(q, scale.view(N // 16, 16, K // 32).transpose(1, 2).contiguous(), kernels)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out] float32
-        return self.kernels.q8_matmul(x, self.q, self.scales)
-
-
-class NativeCache:
-    """Preallocated keys and values; the first `length` positions are valid."""
-
-    def __init__(self, layers: int, kv_heads: int, positions: int, head_dim: int, dtype: torch.dtype) -> None:
-        # never read before written: positions past `length` are not attended to
-        self.k = torch.empty(layers, kv_heads, positions, head_dim, dtype=dtype)
-        self.v = torch.empty(layers, kv_heads, positions, head_dim, dtype=dtype)
-        self.layer_k, self.layer_v = self.k.unbind(0), self.v.unbind(0)  # per-layer views, made once
-        self.length = 0
-
-    def __len__(self) -> int:
-        return self.length
-
-    def trim(self, n: int) -> None:
-        if n < 0 or n > self.length:
-            raise ValueError(f"cannot trim {n} positions from a cache holding {self.length}")
-        self.length -= n
+def activation_dtype() -> torch.dtype:
+    """bf16 where the CPU has bf16 units and the kernel plan uses them, else float32 (emulated bf16
+    would be slower; the avx2 and portable paths run float32 as an AVX2-only CPU must)."""
+    _, lib = kernel_plan()
+    return torch.bfloat16 if bf16_supported() and (lib is None or lib.q4_available()) else torch.float32
 
 
 class NativeLlama:
@@ -219,8 +46,7 @@ class NativeLlama:
                              "use --backend hf")
         if dtype not in self.DTYPES:
             raise ValueError(f"the native backend runs {', '.join(self.DTYPES)}, not {dtype!r}")
-        # activations: bf16 where the CPU has bf16 units (emulated bf16 would be slower than float32)
-        self.compute_dtype = torch.float32 if dtype == "float32" or not bf16_supported() else torch.bfloat16
+        self.compute_dtype = torch.float32 if dtype == "float32" else activation_dtype()
         self.name = name or directory.name
         self.device = torch.device("cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
@@ -249,12 +75,14 @@ class NativeLlama:
         # A prefill is compute-bound (each weight serves every prompt row): oneDNN's bf16 product runs a
         # 256-row chunk ~2.8x faster than the int4 kernel, so the prompt goes through bf16 copies.
         self.prefill_products = [{n: Linear(m.to(self.compute_dtype)) for n, m in b.items()} for b in products]
+        if linears is None and self.compute_dtype == torch.float32:  # BLAS float32 rows depend on the row count
+            linears = [{n: dense(m, torch.float32, self.kernels) for n, m in b.items()} for b in products]
         linears = linears or self.prefill_products
         del products
         head = w.get("lm_head.weight", w["model.embed_tokens.weight"])  # [V, D]
         # In 4-bit mode a head stored in 8-bit blocks (Q8_0) runs as such; else in the activation dtype.
-        self.head = (Q8Linear.quantize(head, self.kernels) if self.dtype == "int4" else None) or Linear(
-            head.to(self.compute_dtype))
+        self.head = (Q8Linear.quantize(head, self.kernels) if self.dtype == "int4" else None) or dense(
+            head, self.compute_dtype, self.kernels)
         g = lambda name: w[name].to(self.compute_dtype)  # noqa: E731  (the products are built already)
         self.embed = g("model.embed_tokens.weight")  # [V, D]
         self.blocks = [dict(attn_norm=g(f"model.layers.{i}.input_layernorm.weight"),
@@ -345,8 +173,18 @@ class NativeLlama:
         out = F.scaled_dot_product_attention(qg[None], keys[None], values[None], attn_mask=mask)  # [1, Hkv, G T, hd]
         return out.view(Hkv, G, T, hd).permute(2, 0, 1, 3).reshape(T, H * hd)
 
+    @property
+    def kernel_plan(self) -> str:
+        """Which kernels run: the path, the build's instruction set, the products, the threads."""
+        products = "4-bit" if self.dtype == "int4" else self.dtype
+        return f"{self.kernels.plan}; {products} products, {self.compute_dtype_name} activations, {self.n_threads} threads"
+
+    @property
+    def compute_dtype_name(self) -> str:
+        return str(self.compute_dtype).removeprefix("torch.")
+
     def __repr__(self) -> str:
-        return f"NativeLlama({self.name}, {self.dtype})"
+        return f"NativeLlama({self.name}, {self.dtype}, kernels={self.kernels.plan.path})"
 
 
 def load_native(path: str | os.PathLike, dtype: str = "auto", max_positions: int | None = 4096) -> NativeLlama:
@@ -354,7 +192,7 @@ def load_native(path: str | os.PathLike, dtype: str = "auto", max_positions: int
 
     dtype "auto": 4-bit products where the weights are 4-bit groups (a Q4_1 GGUF), else bf16;
     "bfloat16" and "int4" compute in float32 on CPUs without bf16 units (emulated bf16 is slower)."""
-    from .hf import convert_gguf
+    from ..hf import convert_gguf
 
     path = Path(path).expanduser()
     if not path.exists():

@@ -1,0 +1,185 @@
+"""The native backend's products: bf16 through oneDNN (`Linear`), float32 through kernels.c
+(`F32Linear`), 4-bit groups (`Int4Linear`) and 8-bit blocks (`Q8Linear`), each computing a row the
+same whatever else shares the call. `dense` picks the float one for a weight and a kernel plan."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def bf16_supported() -> bool:
+    """Whether oneDNN runs bf16 products natively here (AVX512-BF16 or AMX)."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+class Linear:
+    """y = x W^T with W reordered once for oneDNN (bf16), or a plain `F.linear` (float32).
+
+    `row_invariant` (float32 only): a BLAS product's row results depend on the row count (measured:
+    a k = 9 forward differed from 9 single steps), so each row then goes through its own call;
+    `F32Linear` is the fast way to the same guarantee. A prefill runs alone and needs neither.
+
+    Batch invariance: oneDNN's bf16 product sums over the input dimension K in an order that
+    depends on the row count once K exceeds 1024 (measured: SmolLM2's down projection, K = 1536,
+    gave row results that differ between 1 and 2..16 rows; K <= 1024 never did). So a wider input
+    is split into equal chunks of at most 1024 and the partial products added, which makes every
+    row's result independent of how many rows share the call.
+    """
+
+    MAX_K = 1024
+
+    def __init__(self, weight: torch.Tensor, row_invariant: bool = False) -> None:  # weight [out, in]
+        self.out_features, in_features = weight.shape
+        self.row_invariant = row_invariant
+        self.packed = weight.dtype == torch.bfloat16 and bf16_supported()
+        parts = -(-in_features // self.MAX_K) if self.packed else 1
+        self.splits = [in_features // parts + (i < in_features % parts) for i in range(parts)]
+        chunks = weight.split(self.splits, dim=1)
+        self.weights = [torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 1) if self.packed else w.contiguous()
+                        for w in chunks]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        if not self.packed:
+            if self.row_invariant and x.shape[0] > 1:
+                return torch.cat([F.linear(row, self.weights[0]) for row in x.split(1)])
+            return F.linear(x, self.weights[0])
+        xs = x.split(self.splits, dim=-1) if len(self.splits) > 1 else (x,)
+        y = None
+        for xi, w in zip(xs, self.weights):
+            yi = torch.ops.mkldnn._linear_pointwise(xi.contiguous(), w, None, "none", [], "")
+            y = yi if y is None else y + yi
+        return y
+
+
+class F32Linear:
+    """y = x W^T for a float32 weight through kernels.c's `f32_matmul` (layout [out / 16, in, 16]):
+    each row summed in one fixed order whatever the row count, with the weight read once for up
+    to 4 rows."""
+
+    def __init__(self, weight: torch.Tensor, kernels) -> None:  # weight [out, in], out % 16 == 0, in % 32 == 0
+        N, K = weight.shape
+        self.w = weight.float().view(N // 16, 16, K).transpose(1, 2).contiguous()  # [out / 16, in, 16]
+        self.out_features, self.kernels = N, kernels
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out] float32
+        return self.kernels.f32_matmul(x, self.w)
+
+
+def dense(weight: torch.Tensor, dtype: torch.dtype, kernels) -> Linear | F32Linear:
+    """The row-invariant product of a float weight [out, in] in the activation dtype: oneDNN's bf16
+    (split, see `Linear`), kernels.c's float32 where the shape fits, else one call per row."""
+    N, K = weight.shape
+    if dtype == torch.float32 and hasattr(kernels, "f32_matmul") and N % 16 == 0 and K % 32 == 0:
+        return F32Linear(weight, kernels)
+    return Linear(weight.to(dtype), row_invariant=True)
+
+
+def _grid_values(w: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, lowest: int, highest: int):
+    """The integers q (lowest..highest) with w = scale * q + offset per group, or None unless they
+    reproduce every weight to within a thousandth of its group's step. w [N, K/G, G] float32;
+    offset and scale [N, K/G, 1] (a zero scale, a constant group, is taken as 1). Returns (q, scale)."""
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = ((w - offset) / scale).round_().clamp_(lowest, highest)
+    return None if ((q * scale + offset - w).abs() > scale * 1e-3).any() else (q, scale)
+
+
+class Int4Linear:
+    """y = x W^T with W held as 4-bit integers in groups of 32 inputs, each group with a scale and a
+    minimum: w = scale * q + minimum, q in 0..15 (the GGUF Q4_1 block format): a quarter of the bf16
+    bytes, which is what a decode step is bound by. Three kernels:
+
+    - `kernels.c`'s `q4_matmul` (bf16 activations on AVX512-BF16 CPUs): unpacks each weight once per
+      call for up to 8 rows into bf16 and multiplies with the bf16 dot product. Over SmolLM2's 120
+      block products, side by side with PyTorch's kernel: as fast for 1 row, 1.4x as fast for 4,
+      1.75x for 8 and 16 (`benchmarks/results/int4_products.md`).
+    - `kernels.c`'s `q4f_matmul` (float32 activations, any C build: AVX2, portable): unpacks a nibble
+      into a float32 in integer operations once per call for up to 4 rows.
+    - where the plan has no C library, PyTorch's CPU kernel (`_weight_int4pack_mm_for_cpu`), which
+      unpacks the weights again for every 4 rows.
+
+    `quantize` returns None unless the weight already is such a grid (every weight reproduced to
+    within a thousandth of its group's step): a model dequantised from Q4_1 is run on its own
+    4-bit values, never a lossy requantisation of another format. Row results do not depend on the
+    row count (tested with the other batch-invariance tests).
+    """
+
+    GROUP = 32
+
+    def __init__(self, packed: torch.Tensor, coef: torch.Tensor, out_features: int, kernels=None,
+                 float_activations: bool = False) -> None:
+        self.packed, self.coef = packed, coef  # the kernel's layouts of q and of the groups' scales and minima
+        self.out_features, self.float_activations = out_features, float_activations
+        self.kernels = kernels  # with q4_matmul or q4f_matmul (float32 activations), else PyTorch's kernel
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, dtype: torch.dtype, kernels=None) -> Int4Linear | None:
+        """weight [out, in] (float) -> an Int4Linear holding exactly its values, or None. Runs through
+        `kernels.q4_matmul` where `kernels.q4` says it serves, `kernels.q4f_matmul` where `kernels.q4f`
+        does."""
+        N, K = weight.shape
+        if K % cls.GROUP or N % 16:  # both kernels take outputs 16 at a time
+            return None
+        w = weight.float().view(N, K // cls.GROUP, cls.GROUP)
+        low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)  # [N, K/G, 1]
+        # Q4_1 maps a group's min to 0 and its max to 15, and stores the step and the minimum in float16
+        low = low.half().float()
+        grid = _grid_values(w, low, ((high - low) / 15).half().float(), 0, 15)
+        if grid is None:
+            return None
+        q, scale = grid
+        coef = torch.cat([16 * scale, low - 16 * scale], dim=-1)  # a = 16 d, b = m - 16 d: [N, K/G, 2]
+        coef = coef.view(N // 16, 16, K // cls.GROUP, 2).permute(0, 2, 3, 1).contiguous()  # [N/16, K/G, 2, 16]
+        if getattr(kernels, "q4f", False) and dtype == torch.float32:
+            # q4f_matmul's layout: per 16 outputs and group, byte [i][o] = q[o, i] | q[o, i + 16] << 4, and
+            # d, m float16 [N/16, K/G, 2, 16]
+            q = q.to(torch.uint8).view(N // 16, 16, K // cls.GROUP, 2, 16)  # [blocks, o, group, high nibble?, i]
+            packed = (q[:, :, :, 0] | q[:, :, :, 1] << 4).permute(0, 2, 3, 1).contiguous()  # [blocks, group, i, o]
+            halves = torch.cat([scale, low], dim=-1).half()  # d and m as the file holds them: half the bytes of a, b
+            return cls(packed, halves.view(N // 16, 16, K // cls.GROUP, 2).permute(0, 2, 3, 1).contiguous(), N,
+                       kernels, float_activations=True)
+        if getattr(kernels, "q4", False):
+            # kernels.c's layout: per 16 outputs and 4 inputs 32 bytes, byte 2o + j = q[o, j] | q[o, j + 2] << 4
+            q = q.to(torch.uint8).view(N // 16, 16, K // 4, 2, 2)  # [blocks, o, chunk, high nibble?, j]
+            packed = (q[..., 0, :] | q[..., 1, :] << 4).transpose(1, 2).reshape(N // 16, K // 4, 32)  # o, j -> 2o + j
+            return cls(packed, coef, N, kernels)
+        packed = torch._convert_weight_to_int4pack_for_cpu(q.view(N, K).to(torch.int32), 1)
+        # PyTorch's kernel computes (q - 8) * scale + offset, with both in the activation dtype
+        scales_zeros = torch.cat([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous().to(dtype)
+        return cls(packed, scales_zeros, N)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        if self.float_activations:
+            return self.kernels.q4f_matmul(x, self.packed, self.coef)
+        if self.kernels is not None:
+            return self.kernels.q4_matmul(x, self.packed, self.coef)
+        return torch._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed, self.GROUP, self.coef)
+
+
+class Q8Linear:
+    """y = x W^T with W held as int8 in groups of 32 inputs, each with one scale: w = scale * q (the
+    GGUF Q8_0 block format, in which SmolLM2's file stores its tied embedding / LM head). Runs
+    through `kernels.c` (`CKernels.q8_matmul`); float32 out. Like `Int4Linear.quantize`, `quantize`
+    returns None unless the weight already is such a grid, so nothing is requantised."""
+
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, kernels) -> None:
+        self.q, self.scales, self.kernels = q, scales, kernels  # [out/16, in, 16] int8, [out/16, in/32, 16]
+        self.out_features = q.shape[0] * 16
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, kernels) -> Q8Linear | None:
+        """weight [out, in] (float) -> a Q8Linear holding exactly its values, or None."""
+        N, K = weight.shape
+        if K % 32 or N % 16 or not hasattr(kernels, "q8_matmul"):
+            return None
+        w = weight.float().view(N, K // 32, 32)
+        # Q8_0 maps each group's largest magnitude to +-127
+        grid = _grid_values(w, torch.zeros(()), w.abs().amax(-1, keepdim=True) / 127, -127, 127)
+        if grid is None:
+            return None
+        q, scale = grid
+        q = q.to(torch.int8).view(N // 16, 16, K).transpose(1, 2).contiguous()
+        return cls(q, scale.view(N // 16, 16, K // 32).transpose(1, 2).contiguous(), kernels)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out] float32
+        return self.kernels.q8_matmul(x, self.q, self.scales)
