@@ -1,13 +1,14 @@
 # Two entry points for a fresh machine:
 #   make demo   set everything up, then run speculative decoding on the embedded default model
 #   make test   set everything up, then run the test suite (what CI runs)
+#   make check  the fast tier to run after every change: no real-model or statistical tests
 PYTHON ?= python3
 VENV   ?= .venv
 # CPU build from the local wheel; an unpinned torch would pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 PROMPT ?= Repeat this text exactly, word for word: 'The quick brown fox jumps over the lazy dog, and then the fox runs into the forest to hide behind a big old tree until the sun goes down. In the morning the fox comes back out, eats a few berries, and goes to sleep in the warm grass.'
 
-.PHONY: setup demo test bench
+.PHONY: setup demo test check bench
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -23,6 +24,9 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/python -m pytest -q
+
+check: setup
+	$(VENV)/bin/python -m pytest -q -x -m "not slow and not statistical"
 
 bench: setup
 	$(VENV)/bin/python benchmarks/generate_vs_baseline.py --out benchmarks/results/generate_vs_baseline_bfloat16.md

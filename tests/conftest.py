@@ -20,3 +20,17 @@ def _one_thread_for_small_tensors(request):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    """`specdecode ARGS` in this process (no interpreter start-up, no second torch import): the exit
+    code, stdout and stderr, argparse's own errors included."""
+    from specdecode.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err

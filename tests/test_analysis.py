@@ -1,14 +1,13 @@
 """The paper's formulas reproduce its own numbers (Leviathan et al. 2023, section 3)."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from specdecode.formulas import (d_lk, expected_tokens, hardware_speedup, operations_increase, optimal_gamma,
                                  speedup, verify_curve)
+from conftest import run_cli
 
 # The paper's table for c = c_hat = 0: (alpha, gamma) -> (operations increase, speedup)
 PAPER_TABLE = {
@@ -82,29 +81,25 @@ def test_invalid_inputs_are_refused(call):
         call()
 
 
-def cli(*args):
-    return subprocess.run([sys.executable, "-m", "specdecode", "analyze", *args], capture_output=True, text=True,
-                          timeout=120)
-
-
-def test_analyze_command_prints_the_formulas_and_optimal_gamma():
-    result = cli("--alpha", "0.9", "--cost-ratio", "0.01", "--gamma", "10")
-    assert result.returncode == 0, result.stderr
-    assert "optimal gamma: 24 (speedup 7.49x)" in result.stdout
-    record = json.loads(cli("--alpha", "0.8", "--gamma", "5", "--json").stdout)
+def test_analyze_command_prints_the_formulas_and_optimal_gamma(capsys):
+    code, out, err = run_cli(capsys, "analyze", "--alpha", "0.9", "--cost-ratio", "0.01", "--gamma", "10")
+    assert code == 0, err
+    assert "optimal gamma: 24 (speedup 7.49x)" in out
+    record = json.loads(run_cli(capsys, "analyze", "--alpha", "0.8", "--gamma", "5", "--json")[1])
     assert round(record["rows"][0]["speedup"], 2) == 3.69 and round(record["rows"][0]["operations_increase"], 2) == 1.63
 
 
-def test_analyze_with_a_verification_curve_and_a_plot(tmp_path):
+def test_analyze_with_a_verification_curve_and_a_plot(capsys, tmp_path):
     out = tmp_path / "figures.png"
-    result = cli("--alpha", "0.7", "--cost-ratio", "0.05", "--verify-curve", "1,1.5,2,2.5,3", "--plot", str(out), "--json")
-    record = json.loads(result.stdout)
+    code, stdout, _ = run_cli(capsys, "analyze", "--alpha", "0.7", "--cost-ratio", "0.05", "--verify-curve",
+                              "1,1.5,2,2.5,3", "--plot", str(out), "--json")
+    record = json.loads(stdout)
     assert record["optimal_gamma_hw"] < record["optimal_gamma"]
     assert out.stat().st_size > 20_000 and out.read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.parametrize("args, message", [(["--alpha", "1.5"], "--alpha"), (["--alpha", "0.5", "--cost-ratio", "-1"], "--cost"),
                                            (["--alpha", "0.5", "--verify-curve", "1,x"], "--verify-curve")])
-def test_analyze_bad_input(args, message):
-    result = cli(*args)
-    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+def test_analyze_bad_input(capsys, args, message):
+    code, _, err = run_cli(capsys, "analyze", *args)
+    assert code == 2 and message in err and "Traceback" not in err

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from conftest import run_cli
 from realmodel import COPY_PROMPT
 
 QUESTION = "What is the capital of France?"
@@ -30,13 +31,13 @@ def run(*args, timeout=300):
         (["--target", "/no/such/model.gguf"], "does not exist"),
     ],
 )
-def test_bad_input_gets_a_clear_error_and_no_traceback(args, message):
-    result = run("generate", QUESTION, *args)
-    assert result.returncode == 2
-    assert message in result.stderr and "Traceback" not in result.stderr
+def test_bad_input_gets_a_clear_error_and_no_traceback(capsys, args, message):
+    code, _, err = run_cli(capsys, "generate", QUESTION, *args)
+    assert code == 2
+    assert message in err and "Traceback" not in err
 
 
-def test_empty_prompt_is_refused():
+def test_empty_prompt_is_refused():  # through `python -m specdecode`, as a user runs it
     result = run("generate", "   ")
     assert result.returncode == 2 and "prompt is empty" in result.stderr
 

@@ -22,7 +22,7 @@ def target():
 
 
 def test_same_vocabulary_as_the_transformers_tokenizer(target):
-    from specdecode.models.hf import gguf_tokenizer
+    from specdecode.models.files import gguf_tokenizer
     from specdecode.models.default import default_target_path
     from specdecode.models.base import Vocabulary
 

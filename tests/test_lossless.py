@@ -12,7 +12,7 @@ from stats import chi2_pvalue
 from toy import ToyCache, ToyModel, sequence_distribution
 
 LENGTH = 6  # new tokens; longer than gamma + 1 so every gamma runs full iterations and rollbacks
-SAMPLES = 10_000
+SAMPLES = 2_000  # sized by power: the broken loops below score p < 1e-20 at this size (threshold 1e-6)
 PROMPT = [0]
 SETTINGS = {
     "temperature 1": SamplingParams(temperature=1.0),
@@ -44,32 +44,38 @@ def whole_sequence_pvalue(drafter_for, gamma, params, eos=(), samples=SAMPLES, s
     return chi2_pvalue(outcomes, expected)
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("setting", SETTINGS)
 @pytest.mark.parametrize("gamma", [1, 3, 5])
 def test_model_drafter_matches_target_over_whole_sequences(gamma, setting):
     assert whole_sequence_pvalue(ModelDrafter, gamma, SETTINGS[setting]) > 1e-3
 
 
+@pytest.mark.statistical
 def test_confidence_limited_drafts_match_target_over_whole_sequences():
     drafter_for = lambda draft: ModelDrafter(draft, min_confidence=0.6)  # noqa: E731
     assert whole_sequence_pvalue(drafter_for, 5, SETTINGS["temperature 1"]) > 1e-3
 
 
+@pytest.mark.statistical
 def test_prompt_lookup_matches_target_over_whole_sequences():
     assert whole_sequence_pvalue(lambda draft: PromptLookupDrafter(), 3, SETTINGS["temperature 1"]) > 1e-3
 
 
+@pytest.mark.statistical
 def test_lookup_then_model_drafts_match_target_over_whole_sequences():
     drafter_for = lambda draft: LookupThenModelDrafter(ModelDrafter(draft), min_match=1)  # noqa: E731
     assert whole_sequence_pvalue(drafter_for, 3, SETTINGS["temperature 1"]) > 1e-3
 
 
+@pytest.mark.statistical
 def test_eos_inside_an_accepted_run_ends_the_sequence_exactly():
     assert whole_sequence_pvalue(ModelDrafter, 4, SETTINGS["temperature 1"], eos=(2,)) > 1e-3
 
 
 # The same check, run on deliberately broken loops, must fail: it has the power to catch them.
 
+@pytest.mark.statistical
 def test_check_fails_when_the_loop_skips_the_residual(monkeypatch):
     def no_residual(tokens, probs, target_probs, gen, lenience=1.0):
         verdict = verify(tokens, probs, target_probs, gen, lenience)
@@ -84,6 +90,7 @@ def test_check_fails_when_the_loop_skips_the_residual(monkeypatch):
     assert whole_sequence_pvalue(ModelDrafter, 3, SETTINGS["temperature 1"]) < 1e-6
 
 
+@pytest.mark.statistical
 def test_check_fails_when_the_target_cache_rolls_back_the_wrong_positions(monkeypatch):
     class WrongEndCache(ToyCache):
         def trim(self, n):  # drops the oldest positions instead of the rejected newest ones
@@ -99,6 +106,7 @@ def test_a_cache_that_does_not_trim_is_caught(monkeypatch):
         whole_sequence_pvalue(ModelDrafter, 3, SETTINGS["temperature 1"], samples=50)
 
 
+@pytest.mark.statistical
 def test_check_fails_when_every_draft_is_accepted(monkeypatch):
     def always_accept(tokens, probs, target_probs, gen, lenience=1.0):
         verdict = verify(tokens, probs, target_probs, gen, lenience)

@@ -1,4 +1,5 @@
-"""The command line: `specdecode generate | analyze | alpha | profile | bench | ngram fit | distill`."""
+"""The command line: `specdecode generate | info | analyze | alpha | profile | bench | serve | ngram fit |
+distill`."""
 
 from __future__ import annotations
 
@@ -20,13 +21,9 @@ def _gamma_arg(value: str):
 
 
 def _gamma_policy(gamma, max_gamma: int, target):
-    """A fixed gamma as it is; 'auto' becomes an AdaptiveGamma fed by the target's (cached) profile."""
-    if gamma != "auto":
-        return gamma
-    from .analysis.measure import profile_model
-    from .gamma import AdaptiveGamma
+    from .gamma import as_policy
 
-    return AdaptiveGamma(profile_model(target).verify_ratios, max_gamma=max_gamma)
+    return as_policy(gamma, target, max_gamma)
 
 
 def _model_options(with_draft: bool = True) -> argparse.ArgumentParser:
@@ -49,6 +46,9 @@ def _model_options(with_draft: bool = True) -> argparse.ArgumentParser:
                             help="a draft model stops proposing when its top probability falls below this "
                                  "(default 0: always propose gamma tokens)")
     common.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's setting)")
+    common.add_argument("--kernels", default=None, choices=["auto", "avx512", "avx2", "portable", "torch"],
+                        help="the native backend's kernel path (default: $SPECDECODE_KERNELS, else the best this "
+                             "CPU runs; `specdecode info` shows the plan)")
     common.add_argument("--dtype", default="auto",
                         help="auto (default: on the native backend 4-bit products where the weights are 4-bit "
                              "groups, as a Q4_1 GGUF's are, else bfloat16), int4 (native only), bfloat16 or float32")
@@ -75,9 +75,9 @@ def _parser() -> argparse.ArgumentParser:
 
     gen = commands.add_parser("generate", parents=[_model_options()], help="generate text, speculatively by default")
     gen.add_argument("prompt", help="the user message (the target's chat template is applied unless --raw)")
-    gen.add_argument("--gamma", type=_gamma_arg, default=4,
-                     help="draft tokens per target call (default 4), or 'auto': chosen per call from the measured "
-                          "verification cost and the running acceptance rate")
+    gen.add_argument("--gamma", type=_gamma_arg, default="auto",
+                     help="draft tokens per target call, or 'auto' (default): chosen per call from the measured "
+                          "verification cost and the running acceptance rate, 0 where speculation would not pay")
     gen.add_argument("--max-gamma", type=int, default=8, help="upper bound for --gamma auto (default 8)")
     _sampling_options(gen)
     gen.add_argument("--lenience", type=float, default=1.0,
@@ -91,6 +91,11 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-color", action="store_true", help="plain text, no Figure-1 colours")
     gen.add_argument("--compare", action="store_true",
                      help="then decode the same prompt plainly (no draft) and print the speedup measured in this run")
+
+    info = commands.add_parser("info", parents=[_model_options(with_draft=False)],
+                               help="this machine: CPU features, kernel plan, backends and their measured speed")
+    info.add_argument("--refresh", action="store_true", help="measure the backends again")
+    info.add_argument("--json", action="store_true")
 
     ana = commands.add_parser("analyze", help="the paper's formulas for given alpha and cost ratio c")
     ana.add_argument("--alpha", type=float, required=True, help="expected acceptance rate, in [0, 1]")
@@ -141,7 +146,8 @@ def _parser() -> argparse.ArgumentParser:
                                 help="an OpenAI-compatible HTTP server with speculative decoding")
     serve.add_argument("--also-draft", action="append", default=[], metavar="SPEC",
                        help="another drafter requests may pick with specdecode.draft (repeatable; --draft is the default)")
-    serve.add_argument("--gamma", type=_gamma_arg, default=4, help="default draft length, or 'auto' (default 4)")
+    serve.add_argument("--gamma", type=_gamma_arg, default="auto",
+                       help="default draft length, or 'auto' (default: chosen per call from the measured cost)")
     serve.add_argument("--max-gamma", type=int, default=8, help="upper bound for 'auto' (default 8)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -189,16 +195,35 @@ def _parser() -> argparse.ArgumentParser:
 def _load_target(args):
     from .models.load import load_model
 
-    from .models.load import resolve_backend
+    if getattr(args, "kernels", None):
+        from .models.native.plan import ENV
 
-    args.backend = resolve_backend(args.target, args.backend, args.device)  # later steps see a concrete one
-    return load_model(args.target, args.backend, args.dtype, args.device, args.threads)
+        os.environ[ENV] = args.kernels
+    target = load_model(args.target, args.backend, args.dtype, args.device, args.threads)
+    # later steps see the concrete backend; a draft model is loaded with the backend asked for (or its own)
+    args.requested_backend, args.backend = args.backend, getattr(target, "backend", "hf")
+    return target
+
+
+def _engine_facts(target, args) -> dict:
+    """What ran the target and why: the backend (with the measurement behind an `auto` choice) and,
+    on the native backend, its kernel plan."""
+    choice = getattr(target, "backend_choice", None)
+    facts = dict(backend=args.backend, backend_reason=choice.reason if choice else f"--backend {args.requested_backend}")
+    if hasattr(target, "kernel_plan"):
+        facts["kernels"] = target.kernel_plan
+    return facts
+
+
+def _draft_backend(args) -> str:
+    """A draft model's backend: the one asked for (auto: its own best), not the one auto chose for the target."""
+    return getattr(args, "requested_backend", args.backend)
 
 
 def _load_draft_model(path: str, args, target):
     from .drafters.spec import load_draft_model
 
-    return load_draft_model(path, target, getattr(args, "draft_backend", None) or args.backend, args.dtype,
+    return load_draft_model(path, target, getattr(args, "draft_backend", None) or _draft_backend(args), args.dtype,
                             args.device, args.threads)
 
 
@@ -213,7 +238,7 @@ def _load_drafter(args, target):
 
     if getattr(args, "baseline", False):
         return None
-    return make_drafter(_draft_spec(args), target, backend=args.backend, dtype=args.dtype, device=args.device,
+    return make_drafter(_draft_spec(args), target, backend=_draft_backend(args), dtype=args.dtype, device=args.device,
                         threads=args.threads)
 
 
@@ -289,6 +314,7 @@ def cmd_generate(args) -> int:
             "tokens": stats.tokens,
             "prompt_tokens": len(prompt_ids),
             "mode": "baseline" if drafter is None else "speculative",
+            **_engine_facts(target, args),
             "draft": None if drafter is None else args.draft,
             "gamma": None if drafter is None else args.gamma,
             "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
@@ -323,6 +349,53 @@ def _verify_curve(spec: str | None) -> list[float] | None:
     if len(ratios) < 2 or any(r <= 0 for r in ratios[1:]):
         raise ValueError("--verify-curve needs positive ratios starting at k = 1")
     return ratios
+
+
+def cmd_info(args) -> int:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from .models.files import cache_root
+    from .models.load import load_model
+    from .models.native.plan import cpu_flags, cpu_name, kernel_plan, runnable_paths
+
+    if args.kernels:
+        from .models.native.plan import ENV
+
+        os.environ[ENV] = args.kernels
+    plan, _ = kernel_plan()
+    versions = {}
+    for package in ("torch", "transformers", "llama-cpp-python"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = None
+    target = load_model(args.target, args.backend, args.dtype, args.device, args.threads, measure_again=args.refresh)
+    choice = getattr(target, "backend_choice", None)
+    features = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "asimd",
+                "asimddp")
+    result = dict(cpu=cpu_name(), features=[f for f in features if f in cpu_flags()],
+                  kernel_paths=runnable_paths(), kernel_plan=dict(path=plan.path, isa=plan.isa, reason=plan.reason,
+                                                                   library=plan.library),
+                  versions=versions, model=target.name, backend=getattr(target, "backend", "hf"),
+                  backend_reason=choice.reason if choice else f"--backend {args.backend}",
+                  measured={name: dict(step_ms=choice.step_ms[name], verify_8=choice.verify_8[name],
+                                       predicted_tokens_per_second=choice.rates[name]) for name in choice.rates}
+                  if choice else {}, cache=str(cache_root()))
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"CPU: {result['cpu']} ({', '.join(result['features']) or 'no vector extensions listed'})")
+    print(f"kernel paths this CPU runs: {', '.join(result['kernel_paths'])}")
+    print(f"kernel plan: {plan}")
+    print("installed: " + ", ".join(f"{k} {v}" for k, v in versions.items() if v))
+    print(f"model: {result['model']} on {result['backend']} ({result['backend_reason']})")
+    for name, m in result["measured"].items():
+        print(f"  {name}: T(1) {m['step_ms']:.2f} ms, T(8)/T(1) {m['verify_8']:.2f}, "
+              f"{m['predicted_tokens_per_second']:.0f} predicted tokens/s")
+    if hasattr(target, "kernel_plan"):
+        print(f"  native kernels: {target.kernel_plan}")
+    print(f"cache: {result['cache']}")
+    return 0
 
 
 def cmd_analyze(args) -> int:
@@ -418,6 +491,7 @@ def cmd_profile(args) -> int:
     context = list(range(100, 100 + args.context))
     draft_seconds = drafter_step_seconds(drafter, context, repeats=args.repeats * 2)
     result = dict(target=profile.model, dtype=profile.dtype, threads=profile.threads, draft=args.draft,
+                  **_engine_facts(target, args),
                   target_step_seconds=profile.step_seconds, draft_step_seconds=draft_seconds,
                   cost_ratio=draft_seconds / profile.step_seconds, verify_ratios=profile.verify_ratios)
     if args.json:
@@ -428,6 +502,8 @@ def cmd_profile(args) -> int:
     print(f"draft step ({args.draft}) = {draft_seconds * 1e3:.3f} ms  ->  cost ratio c = {result['cost_ratio']:.4f}")
     print("verification curve T(k)/T(1): " + ", ".join(
         f"{k}: {r:.2f}" for k, r in enumerate(profile.verify_ratios) if k))
+    print(f"backend: {result['backend']} ({result['backend_reason']})"
+          + (f"; kernels: {result['kernels']}" if "kernels" in result else ""))
     return 0
 
 
@@ -441,6 +517,7 @@ def cmd_bench(args) -> int:
 
     from .analysis.measure import profile_model
     from .bench.prompts import load_prompts
+    from .models.native.plan import cpu_name
     from .bench.report import aggregate, markdown, plot_speedups, plot_timeline
     from .bench.runner import Method, run_benchmark, run_record
     from .sampling import SamplingParams
@@ -499,8 +576,8 @@ def cmd_bench(args) -> int:
                              anchors=anchors)
     rows = aggregate(runs, profile)
     meta = dict(command="specdecode " + " ".join(sys.argv[1:]), machine=platform.platform(),
-                processor=platform.processor() or platform.machine(), threads=torch.get_num_threads(),
-                torch=torch.__version__, target=target.name, backend=args.backend,
+                processor=cpu_name(), threads=torch.get_num_threads(),
+                torch=torch.__version__, target=target.name, **_engine_facts(target, args),
                 dtype="gguf" if args.backend == "llama.cpp" else str(getattr(target, "dtype", args.dtype)),
                 max_new_tokens=args.max_new_tokens, prompts=len(prompts),
                 target_step_seconds=profile.step_seconds, verify_ratios=profile.verify_ratios)
@@ -542,7 +619,7 @@ def cmd_serve(args) -> int:
         DraftSpec(spec)
     target = _load_target(args)
     engine = Engine(target, drafts, args.draft, gamma=args.gamma, max_gamma=args.max_gamma, max_queue=args.max_queue,
-                    backend=args.draft_backend or args.backend, dtype=args.dtype, device=args.device,
+                    backend=args.draft_backend or _draft_backend(args), dtype=args.dtype, device=args.device,
                     threads=args.threads)
     name = args.model_name or Path(target.name).name.removesuffix(".gguf")
     app = create_app(engine, name, Limits(max_tokens=args.max_tokens, default_max_tokens=min(256, args.max_tokens),
@@ -620,7 +697,7 @@ def main(argv: list[str] | None = None) -> int:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        commands = {"generate": cmd_generate, "analyze": cmd_analyze, "alpha": cmd_alpha, "profile": cmd_profile,
+        commands = {"generate": cmd_generate, "info": cmd_info, "analyze": cmd_analyze, "alpha": cmd_alpha, "profile": cmd_profile,
                     "bench": cmd_bench, "serve": cmd_serve, "ngram": cmd_ngram, "distill": cmd_distill}
         return commands[args.command](args)
     except (ValueError, FileNotFoundError, OSError, ImportError) as err:

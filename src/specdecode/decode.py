@@ -77,7 +77,7 @@ def speculative_decode(
     drafter: Drafter,
     prompt: Sequence[int],
     *,
-    gamma: int | GammaPolicy = 4,
+    gamma: int | str | GammaPolicy = "auto",
     params: SamplingParams = SamplingParams(),
     max_new_tokens: int = 128,
     lenience: float = 1.0,
@@ -87,13 +87,14 @@ def speculative_decode(
 ) -> Iterator[Step]:
     """Speculative decoding (Algorithm 1): each iteration drafts up to gamma tokens and verifies
     them in one target call, yielding 1..gamma+1 tokens distributed exactly as the target's own
-    samples (for lenience = 1). `gamma` is a fixed draft length or a policy (`gamma.AdaptiveGamma`)
-    that plans one per iteration."""
+    samples (for lenience = 1). `gamma` is a fixed draft length, a policy (`gamma.AdaptiveGamma`)
+    that plans one per iteration, or "auto" (the default): an adaptive policy fed by the target's
+    measured verification cost, so speculation turns itself down where verifying is costly."""
     _check_request(target, prompt, max_new_tokens)
-    policy = as_policy(gamma)
     check_lenience(lenience)
     if drafter.vocab is not None:
         check_same_vocab(target.vocab, drafter.vocab)
+    policy = as_policy(gamma, target)  # after the cheap checks: "auto" may measure the target first
     eos = frozenset(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
     gen = make_generator(seed, generator, target.device)
     drafter.reset(params, gen)

@@ -49,10 +49,21 @@ class FixedGamma:
         pass
 
 
-def as_policy(gamma: "int | GammaPolicy") -> GammaPolicy:
-    """An integer becomes a FixedGamma; a policy is used as it is."""
+AUTO = "auto"
+
+
+def as_policy(gamma: "int | str | GammaPolicy", target=None, max_gamma: int = 8) -> GammaPolicy:
+    """An integer becomes a FixedGamma, "auto" an AdaptiveGamma fed by the target's measured
+    verification curve (profiled once per machine and kernel build, then cached), and a policy is
+    used as it is."""
     if hasattr(gamma, "plan") and hasattr(gamma, "observe"):
         return gamma
+    if gamma == AUTO:
+        if target is None:
+            raise ValueError("gamma 'auto' needs the target whose verification cost it measures")
+        from .models.profile import profile_model
+
+        return AdaptiveGamma(profile_model(target).verify_ratios, max_gamma=max_gamma)
     return FixedGamma(gamma)
 
 
@@ -72,6 +83,7 @@ class AdaptiveGamma:
             raise ValueError(f"prior_alpha must be in [0, 1], got {prior_alpha}")
         if not (0.0 < decay < 1.0):
             raise ValueError(f"decay must be in (0, 1), got {decay}")
+        self.verify_ratios = list(verify_ratios)
         self.verify_cost = verify_curve(verify_ratios)  # k -> T(k)/T(1)
         self.max_gamma = max_gamma
         self.alpha = prior_alpha

@@ -56,7 +56,7 @@ def generate(
     prompt_ids: Sequence[int],
     drafter: Drafter | None = None,
     *,
-    gamma: int | GammaPolicy = 4,
+    gamma: int | str | GammaPolicy = "auto",
     params: SamplingParams = SamplingParams(),
     max_new_tokens: int = 128,
     lenience: float = 1.0,
@@ -94,7 +94,10 @@ def generate(
             if cut is not None:
                 full, finish = full[:cut], "stop"
                 with_accepted = with_accepted[:cut]
-            full = full if finish else _stable(full, shown)
+            if not finish:  # hold back what is not final: a partial character, the start of a stop string
+                full = _stable(full, shown)
+                full = full[: max(len(shown), len(full) - _partial_stop(full, stop))]
+                with_accepted = with_accepted[: len(full)]
             piece = TextStep(
                 step=step,
                 accepted_text=with_accepted[len(shown):],
@@ -155,6 +158,11 @@ def _stable(text: str, shown: str) -> str:
     while text.endswith("\ufffd") and len(text) > len(shown):
         text = text[:-1]
     return text
+
+
+def _partial_stop(text: str, stop: Sequence[str]) -> int:
+    """The longest end of `text` that begins a stop string (and may complete it with the next token)."""
+    return max((k for s in stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
 
 
 def _find_stop(text: str, stop: Sequence[str], start: int) -> int | None:

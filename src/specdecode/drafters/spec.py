@@ -57,7 +57,7 @@ def load_draft_model(path: str, target: Model, backend: str = "auto", dtype: str
 
     if path == TRAINED:
         path = DraftSpec(TRAINED).model_path
-    draft = load_model(path, backend, dtype, device, threads)
+    draft = load_model(path, backend, dtype, device, threads, choose_by_speed=False)
     check_same_vocab(target.vocab, draft.vocab)
     return draft
 

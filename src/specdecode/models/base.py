@@ -71,3 +71,24 @@ class Model(Protocol):
 def check_same_vocab(target: Vocabulary, draft: Vocabulary) -> None:
     if target.fingerprint != draft.fingerprint:
         raise VocabularyMismatch(target, draft)
+
+
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def check_trim(n: int, length: int) -> None:
+    """Every cache's `trim(n)` refuses the same way: n in 0..length."""
+    if n < 0 or n > length:
+        raise ValueError(f"cannot trim {n} positions from a cache holding {length}")
+
+
+def eos_ids(*sources) -> frozenset[int]:
+    """The end-of-sequence ids a model stops on: each source an id, a list of ids, None, or an object
+    (a tokenizer, a generation config) whose `eos_token_id` is one of these; negative ids dropped."""
+    ids = set()
+    for source in sources:
+        if source is not None and not isinstance(source, (int, list, tuple, set, frozenset)):
+            source = getattr(source, "eos_token_id", None)
+        ids.update([source] if isinstance(source, int) else (source or []))
+    return frozenset(i for i in ids if i >= 0)

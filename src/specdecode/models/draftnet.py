@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Vocabulary
+from .base import Vocabulary, check_trim
 
 CONFIG_FILE = "draftnet.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -113,8 +113,7 @@ class DraftNetCache:
         return self.layers[0].length
 
     def trim(self, n: int) -> None:
-        if n < 0 or n > len(self):
-            raise ValueError(f"cannot trim {n} positions from a cache holding {len(self)}")
+        check_trim(n, len(self))
         for layer in self.layers:
             layer.length -= n
 
@@ -224,7 +223,7 @@ def load_draftnet(directory: str | os.PathLike, dtype: str = "float32", device: 
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
-    from .hf import DTYPES
+    from .base import DTYPES
 
     directory = Path(directory)
     if not is_draftnet(directory):

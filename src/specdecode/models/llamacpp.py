@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .base import Vocabulary
+from .base import Vocabulary, check_trim, eos_ids
 
 INSTALL_HINT = "pip install llama-cpp-python (it compiles llama.cpp from source, a few minutes)"
 _PARAMS_LOCK = threading.Lock()
@@ -103,8 +103,7 @@ class LlamaCppCache:
 
     def trim(self, n: int) -> None:
         self.check()
-        if n < 0 or n > self.length:
-            raise ValueError(f"cannot trim {n} positions from a cache holding {self.length}")
+        check_trim(n, self.length)
         if n:
             self.length -= n
             self.model.ctx.kv_cache_seq_rm(0, self.length, -1)  # drop positions [length, end)
@@ -112,6 +111,8 @@ class LlamaCppCache:
 
 class LlamaCppModel:
     """A GGUF model run by llama.cpp behind the model protocol."""
+
+    backend = "llama.cpp"
 
     def __init__(self, path: str | os.PathLike, n_threads: int | None = None, n_ctx: int = 4096,
                  n_batch: int = 512, tokenizer=None, batch_invariant: bool = True) -> None:
@@ -129,15 +130,12 @@ class LlamaCppModel:
         self.n_vocab = self.llm.n_vocab()
         self.n_batch = n_batch
         if tokenizer is None:
-            from .hf import gguf_tokenizer
+            from .files import gguf_tokenizer
 
             tokenizer = gguf_tokenizer(path)
         self.tokenizer = tokenizer
         self.vocab = Vocabulary.from_tokens(self.name, tokenizer.get_vocab())
-        eos = {self.llm.token_eos()}
-        if tokenizer.eos_token_id is not None:
-            eos.add(tokenizer.eos_token_id)
-        self.eos_token_ids = frozenset(t for t in eos if t >= 0)
+        self.eos_token_ids = eos_ids(self.llm.token_eos(), tokenizer)
         self.max_positions = n_ctx
         self.generation = 0
         self.device = "cpu"

@@ -1,5 +1,8 @@
-"""One entry point for every backend: transformers ("hf"), llama.cpp, or the native PyTorch Llama;
-"auto" picks native for a Llama-family model on the CPU and transformers otherwise."""
+"""One entry point for every backend: transformers ("hf"), llama.cpp, or the native PyTorch Llama.
+
+"auto": transformers for anything but a Llama-family model on the CPU; for such a model the native
+backend, or, where the model is a GGUF file and llama-cpp-python is installed, whichever of the two
+is measured faster on this machine (`choose.py`; `model.backend_choice` says why)."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ def resolve_backend(path: str | None, backend: str = "auto", device: str | None 
         return backend
     from .default import default_target_path
     from .draftnet import is_draftnet
-    from .hf import convert_gguf
+    from .files import convert_gguf
 
     path = Path(path or default_target_path()).expanduser()
     if is_draftnet(path) or not path.exists():
@@ -30,8 +33,12 @@ def resolve_backend(path: str | None, backend: str = "auto", device: str | None 
 
 
 def load_model(path: str | None = None, backend: str = "auto", dtype: str = "auto", device: str | None = None,
-               threads: int | None = None, n_ctx: int = 4096):
+               threads: int | None = None, n_ctx: int = 4096, choose_by_speed: bool = True,
+               measure_again: bool = False):
     """Load a model by path (None: the embedded default target) on the chosen backend.
+
+    `choose_by_speed` (with backend and dtype "auto"): between the native backend and llama.cpp, the
+    one measured faster here (`choose.py`); `measure_again` ignores a cached choice.
 
     dtype "auto": on the native backend 4-bit products where the weights are 4-bit groups (a Q4_1
     GGUF, see `native.Int4Linear`), else bf16; bf16 on transformers; llama.cpp runs the GGUF's own."""
@@ -41,8 +48,11 @@ def load_model(path: str | None = None, backend: str = "auto", dtype: str = "aut
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
+    chosen_by_measurement = choose_by_speed and backend == "auto" and dtype == "auto"
     backend = resolve_backend(path, backend, device)
     path = path or default_target_path()
+    if chosen_by_measurement and backend == "native" and _llamacpp_runs(path):
+        return _measured_choice(Path(path).expanduser(), threads, n_ctx, measure_again)
     from .draftnet import is_draftnet, load_draftnet
 
     # A trained draft network runs on PyTorch whatever the backend, in float32 (its wrapper keeps
@@ -70,3 +80,32 @@ def load_model(path: str | None = None, backend: str = "auto", dtype: str = "aut
     from .hf import load_hf
 
     return load_hf(path, dtype="bfloat16" if dtype == "auto" else dtype, device=device)
+
+
+def _llamacpp_runs(path) -> bool:
+    """Whether llama.cpp can run this model here: a .gguf file, llama-cpp-python installed."""
+    from importlib.util import find_spec
+
+    return Path(path).suffix == ".gguf" and Path(path).is_file() and find_spec("llama_cpp") is not None
+
+
+def _measured_choice(path: Path, threads: int | None, n_ctx: int, measure_again: bool = False):
+    """The native backend or llama.cpp, whichever is measured faster here (cached per machine)."""
+    import llama_cpp
+    import torch
+
+    from .choose import choose
+    from .native import load_native
+    from .native.plan import kernel_plan
+    from .llamacpp import LlamaCppModel
+
+    if threads:
+        torch.set_num_threads(threads)
+    threads = threads or torch.get_num_threads()
+    plan, _ = kernel_plan()
+    signature = f"{plan.path}:{Path(plan.library).name if plan.library else '-'}|llama_cpp {llama_cpp.__version__}"
+    loaders = {"native": lambda: load_native(path, max_positions=n_ctx),
+               "llama.cpp": lambda: LlamaCppModel(path, n_threads=threads, n_ctx=n_ctx)}
+    choice, model = choose(path, threads, signature, loaders, refresh=measure_again)
+    model.backend_choice = choice
+    return model

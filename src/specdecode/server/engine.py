@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..drafters.spec import DraftSpec, load_draft_model, make_drafter
-from ..gamma import AdaptiveGamma
+from ..gamma import AdaptiveGamma, as_policy
 from ..stats import Stats
 from ..text import generate
 from .request import Request, RequestError
@@ -43,7 +43,7 @@ class Engine:
     """target: a loaded model; drafts: drafter name -> spec (loaded once, here); gamma: the default
     draft length or "auto"; max_queue: requests that may wait behind the running one."""
 
-    def __init__(self, target, drafts: dict[str, str], default_draft: str, gamma: int | str = 4,
+    def __init__(self, target, drafts: dict[str, str], default_draft: str, gamma: int | str = "auto",
                  max_gamma: int = 8, max_queue: int = 16, on_finish: Callable[[Job], None] | None = None,
                  **load_options) -> None:
         if default_draft not in drafts:
@@ -63,7 +63,7 @@ class Engine:
             if spec.model_path is not None:
                 model = load_draft_model(spec.model_path, target, **load_options)
             self._factories[name] = (lambda spec=spec, model=model: make_drafter(spec, target, draft_model=model))
-        self._verify_ratios = None
+        self._auto = None  # the "auto" policy measured for this target, the template of every request's
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self._admitted = 0  # waiting + running
@@ -101,13 +101,12 @@ class Engine:
         self._worker.join(timeout=30)
 
     def _policy(self, gamma):
+        """A request's gamma as a policy: 'auto' measures the target once (then cached on disk)."""
         if gamma != "auto":
             return gamma
-        if self._verify_ratios is None:  # measured once (and cached on disk) on the first "auto" request
-            from ..analysis.measure import profile_model
-
-            self._verify_ratios = profile_model(self.target).verify_ratios
-        return AdaptiveGamma(self._verify_ratios, max_gamma=self.max_gamma)
+        if self._auto is None:
+            self._auto = as_policy(gamma, self.target, self.max_gamma)
+        return AdaptiveGamma(self._auto.verify_ratios, max_gamma=self.max_gamma)
 
     def _run(self) -> None:
         while (job := self._queue.get()) is not None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..base import check_trim
+
 
 class NativeCache:
     """Preallocated keys and values; the first `length` positions are valid."""
@@ -19,6 +21,5 @@ class NativeCache:
         return self.length
 
     def trim(self, n: int) -> None:
-        if n < 0 or n > self.length:
-            raise ValueError(f"cannot trim {n} positions from a cache holding {self.length}")
+        check_trim(n, self.length)
         self.length -= n

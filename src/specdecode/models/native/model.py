@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..base import Vocabulary
+from ..base import Vocabulary, eos_ids
 from .cache import NativeCache
 from .kernels import make_kernels
 from .linear import Int4Linear, Linear, Q8Linear, bf16_supported, dense
@@ -25,6 +25,8 @@ def activation_dtype() -> torch.dtype:
 
 class NativeLlama:
     """A Llama-family causal LM behind the model protocol (batch size 1)."""
+
+    backend = "native"
 
     PREFILL_CHUNK = 256
 
@@ -51,11 +53,7 @@ class NativeLlama:
         self.device = torch.device("cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
         self.vocab = Vocabulary.from_tokens(self.name, self.tokenizer.get_vocab())
-        eos = config.get("eos_token_id")
-        eos = set([eos] if isinstance(eos, int) else (eos or []))
-        if self.tokenizer.eos_token_id is not None:
-            eos.add(self.tokenizer.eos_token_id)
-        self.eos_token_ids = frozenset(eos)
+        self.eos_token_ids = eos_ids(config.get("eos_token_id"), self.tokenizer)
 
         self.layers = config["num_hidden_layers"]
         self.heads = config["num_attention_heads"]
@@ -180,6 +178,12 @@ class NativeLlama:
         return f"{self.kernels.plan}; {products} products, {self.compute_dtype_name} activations, {self.n_threads} threads"
 
     @property
+    def profile_tag(self) -> str:
+        """Names the kernel build in cached profiles: `-avx2-<source and flags hash>`."""
+        library = self.kernels.plan.library
+        return f"-{self.kernels.plan.path}" + (f"-{Path(library).stem.rsplit('-', 1)[-1]}" if library else "")
+
+    @property
     def compute_dtype_name(self) -> str:
         return str(self.compute_dtype).removeprefix("torch.")
 
@@ -192,12 +196,7 @@ def load_native(path: str | os.PathLike, dtype: str = "auto", max_positions: int
 
     dtype "auto": 4-bit products where the weights are 4-bit groups (a Q4_1 GGUF), else bf16;
     "bfloat16" and "int4" compute in float32 on CPUs without bf16 units (emulated bf16 is slower)."""
-    from ..hf import convert_gguf
+    from ..files import model_directory
 
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"model path {str(path)!r} does not exist (a local directory or .gguf file is needed)")
-    directory = convert_gguf(path) if path.is_file() and path.suffix == ".gguf" else path
-    if not (directory / "config.json").exists():
-        raise ValueError(f"{str(path)!r} is neither a .gguf file nor a transformers model directory (no config.json)")
+    path, directory = model_directory(path)
     return NativeLlama(directory, dtype, name=path.name, max_positions=max_positions)
