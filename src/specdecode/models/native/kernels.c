@@ -439,10 +439,9 @@ void f32_matmul(const float *x, const float *w, float *y, int rows, int in, int 
  * (AVX2, portable builds). Layout, 16 outputs at a time: q [out / 16][in / 32][16][16] bytes, byte
  * [i][o] of a group holding output o's input i in its low nibble and input i + 16 in its high one;
  * coef [out / 16][in / 32][2][16] float16, d and m as the GGUF file holds them (half the bytes of
- * float32 coefficients: 13 of SmolLM2's 65 MB a step); a = 16 d and b = m - 16 d in float32.
- * Unpacking: a nibble placed in the mantissa of float32 1.0 (bits 19..22) reads (16 + q) / 16
- * exactly, in integer operations only (a shift, an and, an or per 16 weights and nibble), so a
- * group's contribution is a S + b sum_i x_i with S = sum_i x_i (16 + q_i) / 16. */
+ * float32 coefficients: 13 of SmolLM2's 65 MB a step). A group contributes d S + m sum_i x_i with
+ * S = sum_i x_i q_i (nibbles converted to float32: measured 1.2x faster than placing them in the
+ * mantissa of 1.0, whose shifts compete with the multiply-adds), the sums of x computed once a call. */
 static inline float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff, bits;
     if (exponent == 0) { /* zero or subnormal: mantissa 2^-24 */
@@ -472,7 +471,6 @@ static inline __attribute__((always_inline)) void q4f_rows(const float *x, const
     const float *xr[4], *sr[4];
     row_pointers(x, in, r0, rows, R, xr);
     row_pointers(sums, groups, r0, rows, R, sr);
-    const v16u mask = (v16u){0} + 0x780000u, one = (v16u){0} + 0x3F800000u;
     v16f acc[4] = {0};
     for (int g = 0; g < groups; g++) {
         v16f part[4][2] = {{0}};
@@ -487,14 +485,14 @@ static inline __attribute__((always_inline)) void q4f_rows(const float *x, const
             v16u8 b;
             memcpy(&b, w + i * 16, 16);
             v16u v = __builtin_convertvector(b, v16u);
-            v16f lo = (v16f)(((v << 19) & mask) | one), hi = (v16f)(((v << 15) & mask) | one);
+            v16f lo = __builtin_convertvector(v & 15, v16f), hi = __builtin_convertvector(v >> 4, v16f);
             for (int r = 0; r < R; r++) {
                 part[r][0] += xr[r][g * 32 + i] * lo;
                 part[r][1] += xr[r][g * 32 + 16 + i] * hi;
             }
         }
-        v16f a = load_half16(cb + g * 32) * 16.0f, b = load_half16(cb + g * 32 + 16) - a;
-        for (int r = 0; r < R; r++) acc[r] = a * (part[r][0] + part[r][1]) + (b * sr[r][g] + acc[r]);
+        v16f d = load_half16(cb + g * 32), m = load_half16(cb + g * 32 + 16);
+        for (int r = 0; r < R; r++) acc[r] = d * (part[r][0] + part[r][1]) + (m * sr[r][g] + acc[r]);
     }
     store_rows(y, acc, out, nb, r0, rows, R);
 }
@@ -526,17 +524,15 @@ DEFINE_GROUP_SUMS(group_sums_bf16, uint16_t, load_bf16)
  * operations are the same whichever rows share the call, so its result does not depend on them. */
 enum { Q4F = 0, Q8 = 1, F32 = 2 };
 
-static inline __m256 q4f_nibble(__m256i v, int shift) { /* (16 + q) / 16 from bits 19..22 of float32 1.0 */
-    return _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(v, shift), _mm256_set1_epi32(0x780000)),
-                                               _mm256_set1_epi32(0x3F800000)));
-}
+static inline __m256 q4f_low(__m256i v) { return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15))); }
+static inline __m256 q4f_high(__m256i v) { return _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)); }
 
 /* w[0..3]: the weights of input i (outputs 0-7, 8-15) and of input i + 16 (the same) of one group */
 static inline __attribute__((always_inline)) void unpack_pair(const uint8_t *group, int i, __m256 *w, const int format) {
     if (format == Q4F) { /* byte [i][o]: input i in the low nibble, i + 16 in the high one */
         __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(group + i * 16)));
         __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(group + i * 16 + 8)));
-        w[0] = q4f_nibble(v0, 19), w[1] = q4f_nibble(v1, 19), w[2] = q4f_nibble(v0, 15), w[3] = q4f_nibble(v1, 15);
+        w[0] = q4f_low(v0), w[1] = q4f_low(v1), w[2] = q4f_high(v0), w[3] = q4f_high(v1);
     } else if (format == F32) { /* float32 [i][o] */
         for (int j = 0; j < 4; j++) w[j] = _mm256_loadu_ps((const float *)group + ((j >> 1) * 16 + i) * 16 + (j & 1) * 8);
     } else { /* int8 [i][o] */
@@ -551,11 +547,11 @@ static inline __attribute__((always_inline)) void finish_group(__m256 *acc, cons
                                                                float sum, const int format) {
     for (int h = 0; h < 2; h++) {
         __m256 s = _mm256_add_ps(c[h], c[h + 2]);
-        if (format == Q4F) { /* a S + b sum(x), a = 16 d, b = m - 16 d; d and m float16 */
+        if (format == Q4F) { /* d S + m sum(x), S = sum of x q; d and m float16 */
             const uint16_t *dm = (const uint16_t *)cb + g * 32 + 8 * h;
-            __m256 a = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dm)), _mm256_set1_ps(16.0f));
-            __m256 b = _mm256_sub_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dm + 16))), a);
-            acc[h] = _mm256_fmadd_ps(a, s, _mm256_fmadd_ps(b, _mm256_set1_ps(sum), acc[h]));
+            __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dm));
+            __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dm + 16)));
+            acc[h] = _mm256_fmadd_ps(d, s, _mm256_fmadd_ps(m, _mm256_set1_ps(sum), acc[h]));
         }
         else if (format == Q8) /* scale S */
             acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(cb + g * 16 + 8 * h), s, acc[h]);

@@ -93,8 +93,8 @@ class Int4Linear:
       call for up to 8 rows into bf16 and multiplies with the bf16 dot product. Over SmolLM2's 120
       block products, side by side with PyTorch's kernel: as fast for 1 row, 1.4x as fast for 4,
       1.75x for 8 and 16 (`benchmarks/results/int4_products.md`).
-    - `kernels.c`'s `q4f_matmul` (float32 activations, any C build: AVX2, portable): unpacks a nibble
-      into a float32 in integer operations once per call for up to 4 rows.
+    - `kernels.c`'s `q4f_matmul` (float32 activations, any C build: AVX2, portable): converts each
+      nibble to float32 once for every two rows, with d and m kept in the file's float16.
     - where the plan has no C library, PyTorch's CPU kernel (`_weight_int4pack_mm_for_cpu`), which
       unpacks the weights again for every 4 rows.
 
