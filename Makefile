@@ -23,7 +23,7 @@ demo: setup
 	$(VENV)/bin/specdecode generate --compare --gamma auto "$(PROMPT)"
 
 test: setup
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile
 
 check: setup
 	$(VENV)/bin/python -m pytest -q -x -m "not slow and not statistical"

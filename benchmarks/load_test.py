@@ -7,7 +7,7 @@ most requests the server held at once, and its memory before and after.
         --out benchmarks/results/load_test.md
 
 Every completed response must equal its own prompt's greedy reference output (taken before the
-load), and every disconnected stream a prefix of it (`specdecode.server.loadtest`).
+load), and every disconnected stream a prefix of it (`loadtest.py` beside this file).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from specdecode.server.loadtest import run_load
+from loadtest import run_load
 
 
 def main() -> int:

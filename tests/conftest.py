@@ -1,17 +1,22 @@
+import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on two cores: one thread each, and
+    os.environ["OMP_NUM_THREADS"] = "1"    # the same for the processes they start (CLI, server)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(1, str(Path(__file__).parent.parent / "benchmarks"))  # the load-test client
 
 
 @pytest.fixture(autouse=True)
 def _one_thread_for_small_tensors(request):
     """Tests that are not marked slow run toy models over a few tokens: with one thread torch skips
     OpenMP hand-offs that cost more than the work (the whole-sequence tests ran ~2x faster)."""
-    if request.node.get_closest_marker("slow"):
+    if request.node.get_closest_marker("slow") and not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
     before = torch.get_num_threads()

@@ -53,9 +53,12 @@ def test_adaptive_greedy_equals_plain_greedy(drafter):
     prompt = [1, 2, 3, 1, 2]
     expected = [t for s in autoregressive_decode(target, prompt, params=greedy, max_new_tokens=50) for t in s.tokens]
     d = ModelDrafter(draft) if drafter == "model" else PromptLookupDrafter()
-    curve = [0.0, 1.0, 1.3, 1.6, 1.9, 2.2, 2.5, 2.8, 3.1]
-    steps = speculative_decode(target, d, prompt, gamma=AdaptiveGamma(curve), params=greedy, max_new_tokens=50)
+    # verifying costs little here: the policy keeps drafting (and varying gamma) even for prompt lookup,
+    # whose copies the toy target follows only by chance
+    curve = [0.0, 1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12, 1.14]
+    steps = list(speculative_decode(target, d, prompt, gamma=AdaptiveGamma(curve), params=greedy, max_new_tokens=50))
     assert [t for s in steps for t in s.tokens] == expected
+    assert sum(s.num_accepted for s in steps) > 0 and len({len(s.proposed) for s in steps}) > 1  # it speculated, gamma varied
 
 
 @pytest.mark.statistical

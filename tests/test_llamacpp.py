@@ -7,7 +7,6 @@ pytest.importorskip("llama_cpp")
 
 from specdecode import (AdaptiveGamma, ModelDrafter, PromptLookupDrafter, SamplingParams,  # noqa: E402
                         autoregressive_decode, encode_prompt, speculative_decode)
-from specdecode.analysis.measure import profile_model  # noqa: E402
 from specdecode.models.load import load_model  # noqa: E402
 from specdecode.sampling import sample  # noqa: E402
 from stats import chi2_pvalue  # noqa: E402
@@ -80,9 +79,11 @@ def test_greedy_with_prompt_lookup_equals_plain_greedy_on_open_ended_prompts(tar
 def test_greedy_with_adaptive_gamma_equals_plain_greedy(target):
     ids = encode_prompt(target.tokenizer, COPY_PROMPT)
     expected = tokens_of(autoregressive_decode(target, ids, params=GREEDY, max_new_tokens=40))
-    policy = AdaptiveGamma(profile_model(target, max_k=8, context=64, repeats=3).verify_ratios)
-    assert tokens_of(speculative_decode(target, PromptLookupDrafter(), ids, gamma=policy, params=GREEDY,
-                                        max_new_tokens=40)) == expected
+    # a curve on which drafting pays (this machine's own may keep speculation off: then nothing is tested)
+    policy = AdaptiveGamma([0.0, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7])
+    steps = list(speculative_decode(target, PromptLookupDrafter(), ids, gamma=policy, params=GREEDY, max_new_tokens=40))
+    assert tokens_of(steps) == expected
+    assert sum(s.num_accepted for s in steps) > 0 and len({len(s.proposed) for s in steps}) > 1
 
 
 def test_llamacpp_draft_for_a_transformers_target_is_accepted():
@@ -127,8 +128,9 @@ def test_llama_cpp_runs_without_extra_buffer_types(target):
     from specdecode.bench.runner import llamacpp_generate
 
     assert target.llm.model_params.use_extra_bufts is False
-    llamacpp_generate(target, [1, 2, 3], GREEDY, max_new_tokens=2, seed=0)
-    assert all(llm.model_params.use_extra_bufts is False for llm in target._anchors.values())
+    contexts = {}
+    llamacpp_generate(target, [1, 2, 3], GREEDY, max_new_tokens=2, seed=0, contexts=contexts)
+    assert contexts and all(llm.model_params.use_extra_bufts is False for llm in contexts.values())
 
 
 def test_first_decode_survives_on_an_amx_cpu():

@@ -131,11 +131,12 @@ def any_native(request):
     return model
 
 
-@pytest.fixture(scope="module", params=VARIANTS[:1] + VARIANTS[-2:-1], ids=[VARIANTS[0][0], VARIANTS[-2][0]])
-def native(request):
-    """The embedded target as this host runs it by default (4-bit on the best path), and its float
-    products: the configurations the decode-level tests run on."""
-    return load_on_path(*request.param[1:])
+@pytest.fixture(scope="module")
+def native():
+    """The embedded target as this host runs it by default (4-bit on the best path): what the
+    decode-level tests run on (every other variant's forward is checked against single steps, which
+    is what makes its speculative output equal its plain output)."""
+    return load_on_path(*DEFAULT[1:])
 
 
 @pytest.mark.slow
@@ -156,6 +157,8 @@ def test_float32_logits_agree_with_transformers():
 @pytest.mark.parametrize("context", [37, 300])
 def test_a_forward_over_k_tokens_equals_k_single_steps_bit_for_bit(any_native, context):
     native = any_native
+    if native.kernels.plan.path == "torch" and context == 300:
+        pytest.skip("PyTorch's ops run ~20x slower than the C paths: checked at 37 cached positions only")
     gen = torch.Generator().manual_seed(context)
     prefix = torch.randint(0, 5000, (1, context), generator=gen)
     tokens = torch.randint(0, 5000, (1, 9), generator=gen)
@@ -190,9 +193,11 @@ def test_greedy_prompt_lookup_equals_plain_greedy(native, prompt):
         steps = list(speculative_decode(native, PromptLookupDrafter(), ids, gamma=gamma, params=GREEDY,
                                         max_new_tokens=64))
         assert tokens_of(steps) == plain and len(plain) > 10
+        assert sum(len(s.proposed) for s in steps) > 0  # drafts were verified, not plain decoding twice
 
 
 @pytest.mark.slow
+@pytest.mark.statistical
 def test_speculative_sampling_matches_the_real_target_over_whole_sequences(native):
     """The real model under top-k 2 at temperature 1 has 8 three-token continuations; their exact
     probabilities come from the target itself. Speculative samples with the shipped draft network
@@ -218,7 +223,7 @@ def test_speculative_sampling_matches_the_real_target_over_whole_sequences(nativ
     drafter = ModelDrafter(load_model(str(trained_draft_path())))
     gen = torch.Generator().manual_seed(0)
     outcomes = []
-    for _ in range(300):
+    for _ in range(200):
         steps = speculative_decode(native, drafter, prompt, gamma=2, params=params, max_new_tokens=3, generator=gen,
                                    eos_token_ids=[])
         outcomes.append(tuple(t for s in steps for t in s.tokens))

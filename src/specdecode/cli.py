@@ -509,17 +509,18 @@ def cmd_profile(args) -> int:
 
 def cmd_bench(args) -> int:
     import platform
-    from dataclasses import asdict
     from pathlib import Path
 
     import torch
     from rich.progress import Progress
 
-    from .analysis.measure import profile_model
     from .bench.prompts import load_prompts
+    from .bench.report import aggregate
+    from .bench.runner import run_benchmark
+    from .bench.suite import plan_suite, write_results
+    from .models.load import load_model
     from .models.native.plan import cpu_name
-    from .bench.report import aggregate, markdown, plot_speedups, plot_timeline
-    from .bench.runner import Method, run_benchmark, run_record
+    from .models.profile import profile_model
     from .sampling import SamplingParams
 
     for t in args.temperatures:
@@ -537,60 +538,32 @@ def cmd_bench(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     target = _load_target(args)
     draft = _load_draft_model(args.draft[0], args, target) if args.draft else None
-    methods = [Method("baseline")] + [Method("lookup", g) for g in args.gamma]
-    drafters = {}
-    if args.ngram:
-        from .drafters.spec import NGRAM, make_drafter
-
-        make_drafter(NGRAM + args.ngram, target)  # fail before any run on a bad file
-        drafters["ngram"] = lambda: make_drafter(NGRAM + args.ngram, target)  # fresh counts for every run
-        methods += [Method("ngram", g) for g in args.gamma]
-    if draft is not None:
-        from .drafters.spec import HYBRID, make_drafter
-
-        drafters["lookup+draft"] = lambda: make_drafter(HYBRID + args.draft[0], target, draft_model=draft)
-        methods += [Method("draft", g) for g in args.gamma] + [Method("lookup+draft", g) for g in args.gamma]
-    anchors = {}
-    if not args.no_anchors and args.backend in ("hf", "native"):
-        methods += [Method("hf")] + ([Method("hf-lookup", args.anchor_lookup_tokens)] if args.anchor_lookup_tokens else [])
-        if draft is not None and hasattr(draft, "model"):  # a transformers draft: generate()'s assisted decoding
-            methods.append(Method("hf-assisted"))
-    if not args.no_anchors and args.backend in ("llama.cpp", "native"):
-        methods += [Method("llama.cpp")] + ([Method("llama.cpp-lookup", args.anchor_lookup_tokens)]
-                                            if args.anchor_lookup_tokens else [])
-    if not args.no_anchors and args.backend == "native":  # the anchors run the same GGUF on their own runtimes
-        from .models.load import load_model
-
-        source = args.target or None
-        hf_dtype = "float32" if args.dtype == "float32" else "bfloat16"  # transformers has no 4-bit path here
-        anchors = {"hf": load_model(source, "hf", hf_dtype, args.device, args.threads),
-                   "llama.cpp": load_model(source, "llama.cpp", args.dtype, args.device, args.threads)}
-    total = len(prompts) * len(args.temperatures) * len(methods)
+    hf_dtype = "float32" if args.dtype == "float32" else "bfloat16"  # transformers has no 4-bit path here
+    suite = plan_suite(target, args.backend, args.gamma, draft, args.draft[0] if args.draft else None, args.ngram,
+                       anchors=not args.no_anchors, anchor_lookup_tokens=args.anchor_lookup_tokens,
+                       load_anchor=lambda name: load_model(args.target or None, name,
+                                                           hf_dtype if name == "hf" else args.dtype, args.device,
+                                                           args.threads))
+    total = len(prompts) * len(args.temperatures) * len(suite.methods)
     with Progress(transient=False) as progress:
         task = progress.add_task("profiling target", total=total)
         profile = profile_model(target)
         progress.update(task, description="benchmarking")
-        runs = run_benchmark(target, prompts, methods, args.temperatures, args.max_new_tokens, args.seed, draft,
+        runs = run_benchmark(target, prompts, suite, args.temperatures, args.max_new_tokens, args.seed,
                              on_run=lambda run: progress.advance(task),
-                             gamma_policy=lambda g: _gamma_policy(g, args.max_gamma, target), drafters=drafters,
-                             anchors=anchors)
-    rows = aggregate(runs, profile)
+                             gamma_policy=lambda g: _gamma_policy(g, args.max_gamma, target))
     meta = dict(command="specdecode " + " ".join(sys.argv[1:]), machine=platform.platform(),
                 processor=cpu_name(), threads=torch.get_num_threads(),
                 torch=torch.__version__, target=target.name, **_engine_facts(target, args),
                 dtype="gguf" if args.backend == "llama.cpp" else str(getattr(target, "dtype", args.dtype)),
                 max_new_tokens=args.max_new_tokens, prompts=len(prompts),
                 target_step_seconds=profile.step_seconds, verify_ratios=profile.verify_ratios)
-    (out / "results.json").write_text(json.dumps(
-        dict(meta=meta, rows=[asdict(r) for r in rows], runs=[run_record(r) for r in runs]), indent=1))
-    header = (f"Command: `{meta['command']}`\n\nMachine: {meta['machine']}, {meta['threads']} torch threads, "
-              f"torch {meta['torch']}; target {meta['target']} ({args.backend}, {meta['dtype']}), T(1) = "
+    header = (f"Command: `{meta['command']}`\n\nMachine: {meta['processor']}, {meta['machine']}, {meta['threads']} "
+              f"torch threads, torch {meta['torch']}; target {meta['target']} ({args.backend}, {meta['dtype']}"
+              + (f"; kernels {meta['kernels']}" if "kernels" in meta else "") + f"), T(1) = "
               f"{profile.step_seconds * 1e3:.1f} ms, T(8)/T(1) = {profile.ratio(8):.2f}; {len(prompts)} prompts, "
               f"max_new_tokens {args.max_new_tokens}\n\n")
-    (out / "results.md").write_text(header + markdown(rows))
-    plot_speedups(rows, out / "speedup.png")
-    plot_timeline(runs, out / "timeline.png")
-    print(header + markdown(rows))
+    print(write_results(out, runs, aggregate(runs, profile), meta, header))
     print(f"written: {out}/results.md, results.json, speedup.png, timeline.png")
     return 0
 
@@ -601,7 +574,7 @@ def cmd_serve(args) -> int:
     import uvicorn
 
     from .drafters.spec import DraftSpec
-    from .options import check_gamma
+    from .options import check_gamma, check_queue_size
     from .server.app import create_app
     from .server.engine import Engine
     from .server.request import Limits
@@ -610,8 +583,7 @@ def cmd_serve(args) -> int:
         check_gamma(args.gamma, "--gamma")
     for name in ("max_gamma", "max_tokens", "max_body_bytes"):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
-    if args.max_queue < 0:
-        raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
+    check_queue_size("--max-queue", args.max_queue)
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     drafts = {spec: spec for spec in [args.draft, *args.also_draft]}

@@ -31,6 +31,13 @@ def check_max_new_tokens(max_new_tokens, name: str = "max_new_tokens") -> int:
     return check_positive(name, max_new_tokens)
 
 
+def check_queue_size(name: str, value) -> int:
+    """How many requests may wait behind the running one: an integer >= 0."""
+    if not _is_int(value) or value < 0:
+        raise ValueError(f"{name} must be >= 0 (an integer), got {value!r}")
+    return value
+
+
 def check_positive(name: str, value) -> int:
     """An integer setting that must be >= 1 (thread counts, max_gamma, repeats, ...)."""
     if not _is_int(value) or value < 1:

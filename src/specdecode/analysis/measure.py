@@ -14,7 +14,7 @@ import torch
 from ..decode import autoregressive_decode
 from ..drafters.base import Drafter
 from ..models.base import Model, check_same_vocab
-from ..models.profile import Profile, profile_model, time_forward
+from ..models.profile import Profile, profile_model
 from ..sampling import SamplingParams
 from ..verify import draft_acceptance, match_vocab
 
@@ -92,4 +92,4 @@ def drafter_step_seconds(drafter: Drafter, context: Sequence[int], repeats: int 
 
 
 __all__ = ["AlphaEstimate", "Profile", "drafter_step_seconds", "measure_alpha", "position_betas", "profile_model",
-           "summarize_betas", "time_forward"]
+           "summarize_betas"]

@@ -13,7 +13,6 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..drafters import ModelDrafter, PromptLookupDrafter
 from ..stats import Stats
 from ..text import encode_prompt, generate
 from ..sampling import SamplingParams
@@ -75,14 +74,15 @@ def hf_generate(target, ids: list[int], params: SamplingParams, max_new_tokens: 
 
 
 def llamacpp_generate(target, ids: list[int], params: SamplingParams, max_new_tokens: int, seed: int,
-                     prompt_lookup: int | None = None) -> list[int]:
+                     prompt_lookup: int | None = None, contexts: dict | None = None) -> list[int]:
     """llama-cpp-python's own generate() on the same GGUF, plain or with its prompt-lookup
-    decoding (LlamaPromptLookupDecoding), sampling from the same distribution."""
+    decoding (LlamaPromptLookupDecoding), sampling from the same distribution. It opens a context of
+    its own (the model under test keeps its cache), kept in `contexts` for the next call."""
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     from ..models.llamacpp import open_llama
 
-    anchors = target.__dict__.setdefault("_anchors", {})
+    anchors = contexts if contexts is not None else {}
     if prompt_lookup not in anchors:  # its own context, so the model under test keeps its cache
         draft = LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup) if prompt_lookup else None
         anchors[prompt_lookup] = open_llama(target.path, n_ctx=target.max_positions, n_batch=target.n_batch,
@@ -105,30 +105,29 @@ def llamacpp_generate(target, ids: list[int], params: SamplingParams, max_new_to
 
 
 def run_one(target, prompt: Prompt, ids: list[int], method: Method, params: SamplingParams, max_new_tokens: int,
-            seed: int, draft=None, keep_timeline: bool = False, gamma_policy=None, drafters=None,
-            anchors=None) -> Run:
-    """One generation. `gamma_policy` turns a method's gamma into what the decode loop takes (for
-    "auto": a fresh AdaptiveGamma); `drafters` maps further method names to drafter factories;
-    `anchors` maps "hf" / "llama.cpp" to the models their anchors run on (default: the target)."""
+            seed: int, suite, keep_timeline: bool = False, gamma_policy=None) -> Run:
+    """One generation of `method` (see `suite.Suite`: its drafter factory or anchor model).
+    `gamma_policy` turns a method's gamma into what the decode loop takes ("auto": a fresh
+    adaptive policy); by default the loop's own `as_policy`."""
     base = dict(prompt_id=prompt.id, category=prompt.category, task=prompt.task, method=method.name,
                 gamma=method.gamma, temperature=params.temperature, prompt_tokens=len(ids))
     if method.name.startswith(("hf", "llama.cpp")):
         start = time.perf_counter()
         if method.name.startswith("hf"):
-            tokens = hf_generate((anchors or {}).get("hf", target), ids, params, max_new_tokens, seed,
-                                 assistant=draft if method.name == "hf-assisted" else None,
+            tokens = hf_generate(suite.anchors.get("hf", target), ids, params, max_new_tokens, seed,
+                                 assistant=suite.anchors.get("assistant") if method.name == "hf-assisted" else None,
                                  prompt_lookup=method.gamma if method.name == "hf-lookup" else None)
         else:
-            tokens = llamacpp_generate((anchors or {}).get("llama.cpp", target), ids, params, max_new_tokens, seed,
-                                       prompt_lookup=method.gamma if method.name == "llama.cpp-lookup" else None)
+            tokens = llamacpp_generate(suite.anchors.get("llama.cpp", target), ids, params, max_new_tokens, seed,
+                                       prompt_lookup=method.gamma if method.name == "llama.cpp-lookup" else None,
+                                       contexts=suite.contexts)
         wall = time.perf_counter() - start
         return Run(**base, new_tokens=len(tokens), wall_seconds=wall, tokens=tokens)
-    factories = {"baseline": lambda: None, "lookup": PromptLookupDrafter, "draft": lambda: ModelDrafter(draft),
-                 **(drafters or {})}
-    drafter = factories[method.name]()
+    drafter = suite.drafters[method.name]()
     stats = Stats()
     timeline = []
-    gamma = gamma_policy(method.gamma) if gamma_policy and method.gamma is not None else (method.gamma or 0)
+    gamma = method.gamma if method.gamma is not None else 0
+    gamma = gamma_policy(gamma) if gamma_policy and method.gamma is not None else gamma
     for piece in generate(target, ids, drafter, gamma=gamma, params=params,
                           max_new_tokens=max_new_tokens, seed=seed, stats=stats):
         if keep_timeline:
@@ -140,23 +139,21 @@ def run_one(target, prompt: Prompt, ids: list[int], method: Method, params: Samp
                tokens=stats.tokens, timeline=timeline if keep_timeline else None)
 
 
-def run_benchmark(target, prompts: Sequence[Prompt], methods: Sequence[Method], temperatures: Sequence[float],
-                  max_new_tokens: int, seed: int = 0, draft=None, chat: bool = True,
-                  on_run: Callable[[Run], None] | None = None, gamma_policy=None, drafters=None,
-                  anchors=None) -> list[Run]:
-    """Every method on every prompt and temperature; the baseline first for each (prompt, temperature)."""
-    if Method("baseline") not in methods:
-        methods = [Method("baseline"), *methods]
+def run_benchmark(target, prompts: Sequence[Prompt], suite, temperatures: Sequence[float], max_new_tokens: int,
+                  seed: int = 0, chat: bool = True, on_run: Callable[[Run], None] | None = None,
+                  gamma_policy=None) -> list[Run]:
+    """Every method of the suite on every prompt and temperature, interleaved per prompt; the
+    baseline first for each (prompt, temperature), and greedy runs marked identical to it or not."""
     runs = []
     for prompt in prompts:
         ids = encode_prompt(target.tokenizer, prompt.text, chat=chat)
         for temperature in temperatures:
             params = SamplingParams(temperature=temperature)
             baseline_tokens = None
-            for method in methods:
-                run = run_one(target, prompt, ids, method, params, max_new_tokens, seed, draft,
+            for method in suite.methods:
+                run = run_one(target, prompt, ids, method, params, max_new_tokens, seed, suite,
                               keep_timeline=(prompt is prompts[0] and temperature == temperatures[0]),
-                              gamma_policy=gamma_policy, drafters=drafters, anchors=anchors)
+                              gamma_policy=gamma_policy)
                 if method.name == "baseline":
                     baseline_tokens = run.tokens
                 if params.is_greedy:

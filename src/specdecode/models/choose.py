@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import statistics
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 from ..formulas import optimal_gamma
 from .files import cache_root
+from .profile import time_in_turns
 
 PRIOR_ALPHA = 0.5
 KS, CONTEXT, REPEATS = (1, 2, 4, 8), 256, 5
@@ -61,25 +58,6 @@ def curve(times: dict[int, float]) -> tuple[float, list[float]]:
     return times[1], ratios
 
 
-def time_in_turns(models: dict[str, object], ks=KS, context: int = CONTEXT, repeats: int = REPEATS):
-    """name -> {k: median seconds of a forward over k tokens}, the models taking turns call by call."""
-    caches = {}
-    for name, model in models.items():
-        caches[name] = model.new_cache()
-        model.forward(torch.randint(0, 1000, (1, context)), caches[name], num_logits=1)
-    times = {name: {k: [] for k in ks} for name in models}
-    for rep in range(repeats + 1):  # the first round warms up
-        for k in ks:
-            tokens = torch.randint(0, 1000, (1, k))
-            for name, model in models.items():
-                start = time.perf_counter()
-                model.forward(tokens, caches[name])
-                if rep:
-                    times[name][k].append(time.perf_counter() - start)
-                caches[name].trim(k)
-    return {name: {k: statistics.median(v) for k, v in per_k.items()} for name, per_k in times.items()}
-
-
 def pick(profiles: dict[str, tuple[float, list[float]]]) -> BackendChoice:
     """The candidate with the best predicted rate from (T(1) seconds, T(k)/T(1) curve) each."""
     rates = {name: predicted_rate(step, ratios) for name, (step, ratios) in profiles.items()}
@@ -97,10 +75,14 @@ def choice_path(model_path: Path, threads: int, signature: str) -> Path:
     return cache_root() / "choices" / f"{model_path.name}-{threads}t-{key.hexdigest()[:16]}.json"
 
 
+def _timer(models):
+    return time_in_turns(models, KS, CONTEXT, REPEATS)
+
+
 def choose(model_path: Path, threads: int, signature: str, loaders: dict[str, Callable[[], object]],
-           refresh: bool = False, timer=time_in_turns):
+           refresh: bool = False, timer=_timer):
     """(BackendChoice, the chosen model loaded) among `loaders` (name -> load the model that way),
-    timed by `timer` (name -> model, see `time_in_turns`) unless a cached choice exists. The losers
+    timed by `timer` (name -> model -> {k: seconds}, default `profile.time_in_turns`) unless a cached choice exists. The losers
     are dropped once timed; the winner is returned loaded."""
     path = choice_path(model_path, threads, signature)
     if path.exists() and not refresh:

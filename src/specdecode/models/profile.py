@@ -29,21 +29,42 @@ class Profile:
         return verify_curve(self.verify_ratios)(k)
 
 
-def time_forward(model: Model, k: int, context: int = 256, repeats: int = 7) -> float:
-    """Median seconds of one forward over k new tokens after `context` cached positions."""
-    gen = torch.Generator().manual_seed(0)
-    vocab_limit = min(1000, model.vocab.size)  # ordinary token ids; their values barely matter
-    prefix = torch.randint(0, vocab_limit, (1, context), generator=gen)
-    cache = model.new_cache()
-    model.forward(prefix, cache, num_logits=1)
-    times = []
-    for _ in range(repeats + 1):  # the first is a warm-up
-        tokens = torch.randint(0, vocab_limit, (1, k), generator=gen)
-        start = time.perf_counter()
-        model.forward(tokens, cache)
-        times.append(time.perf_counter() - start)
-        cache.trim(k)
-    return statistics.median(times[1:])
+def time_in_turns(models: dict[str, Model], ks=(1, 2, 4, 8), context: int = 256, repeats: int = 7,
+                  progress=None) -> dict[str, dict[int, float]]:
+    """name -> {k: median seconds of a forward over k new tokens after `context` cached positions}.
+    Every round times each k of each model in turn, so a machine that slows down for a while (a
+    shared host, another process) slows every k and every model alike instead of one of them."""
+    caches = {}
+    for name, model in models.items():
+        vocab_limit = min(1000, model.vocab.size) if getattr(model, "vocab", None) else 1000  # ordinary ids
+        caches[name] = (model.new_cache(), vocab_limit)
+        model.forward(torch.randint(0, vocab_limit, (1, context)), caches[name][0], num_logits=1)
+    times = {name: {k: [] for k in ks} for name in models}
+    for round_ in range(repeats + 1):  # the first round warms up
+        for k in ks:
+            for name, model in models.items():
+                cache, vocab_limit = caches[name]
+                tokens = torch.randint(0, vocab_limit, (1, k))
+                start = time.perf_counter()
+                model.forward(tokens, cache)
+                if round_:
+                    times[name][k].append(time.perf_counter() - start)
+                cache.trim(k)
+        if progress:
+            progress(round_, repeats)
+    return {name: {k: statistics.median(v) for k, v in per_k.items()} for name, per_k in times.items()}
+
+
+def monotone(values: list[float]) -> list[float]:
+    """The closest non-decreasing sequence in least squares (pool adjacent violators): a forward over
+    more tokens never costs less, so a dip is noise, and so is the spike it pairs with."""
+    blocks = []  # [mean, size]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (a, n), (b, m) = blocks[-2], blocks.pop()
+            blocks[-1] = [(a * n + b * m) / (n + m), n + m]
+    return [mean for mean, size in blocks for _ in range(size)]
 
 
 def profile_model(model: Model, max_k: int = 16, context: int = 256, repeats: int = 7, use_cache: bool = True,
@@ -58,13 +79,10 @@ def profile_model(model: Model, max_k: int = 16, context: int = 256, repeats: in
     path = cache_root() / "profiles" / f"{name}-{backend}{tag}-{dtype}-{threads}t-ctx{context}-k{max_k}.json"
     if use_cache and path.exists():
         return Profile(**json.loads(path.read_text()))
-    times = {}
-    for k in range(1, max_k + 1):
-        times[k] = time_forward(model, k, context, repeats)
-        if progress:
-            progress(k, max_k)
+    times = time_in_turns({name: model}, range(1, max_k + 1), context, repeats, progress)[name]
+    ratios = monotone([times[k] / times[1] for k in range(1, max_k + 1)])
     profile = Profile(model=name, dtype=dtype, threads=threads, context=context, step_seconds=times[1],
-                      verify_ratios=[0.0] + [times[k] / times[1] for k in range(1, max_k + 1)])
+                      verify_ratios=[0.0] + [r / ratios[0] for r in ratios])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(profile)))
     return profile

@@ -19,6 +19,7 @@ from typing import Callable
 
 from ..drafters.spec import DraftSpec, load_draft_model, make_drafter
 from ..gamma import AdaptiveGamma, as_policy
+from ..options import check_queue_size
 from ..stats import Stats
 from ..text import generate
 from .request import Request, RequestError
@@ -48,8 +49,7 @@ class Engine:
                  **load_options) -> None:
         if default_draft not in drafts:
             raise ValueError(f"the default draft {default_draft!r} is not among the loaded ones: {', '.join(drafts)}")
-        if max_queue < 0:
-            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+        check_queue_size("max_queue", max_queue)
         self.target = target
         self.default_draft = default_draft
         self.gamma = gamma
