@@ -173,6 +173,26 @@ def test_a_forward_over_k_tokens_equals_k_single_steps_bit_for_bit(any_native, c
 
 
 @pytest.mark.slow
+def test_the_decode_layers_in_one_c_call_equal_the_per_operation_loop_bit_for_bit(any_native):
+    native = any_native
+    fused = native.layer_pointers
+    assert (fused is not None) == (native.dtype == "int4" and native.compute_dtype == torch.float32
+                                   and native.kernels.plan.path != "torch")
+    if fused is None:
+        pytest.skip(f"{native!r} runs its layers one operation at a time")
+    prefix, tokens = torch.tensor([list(range(2000, 2040))]), torch.tensor([[7, 70, 700, 7000]])
+    results = []
+    for pointers in (fused, None):
+        native.layer_pointers, cache = pointers, native.new_cache()
+        try:
+            native.forward(prefix, cache, num_logits=1)
+            results.append((native.forward(tokens, cache), cache.k[:, :, :44].clone(), cache.v[:, :, :44].clone()))
+        finally:
+            native.layer_pointers = fused
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+@pytest.mark.slow
 def test_rollback_is_exact_and_logits_come_only_where_asked(any_native):
     native = any_native
     cache = native.new_cache()

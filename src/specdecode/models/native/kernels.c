@@ -14,6 +14,7 @@
  *   shape), k and v (one layer of the cache, [kv_heads, positions, head_dim], kv_stride elements
  *   between kv heads) in bf16 or float32; head_dim a multiple of 2 LANES (the bf16 dot product
  *   takes 32), at most MAX_HEAD_DIM.
+ * layers_q4f: a decode forward's layers in one call (4-bit products, float32 activations).
  * The caller (kernels.py) checks the shapes.
  */
 #include <math.h>
@@ -233,6 +234,95 @@ static inline __m512 score_bf16(const __m512 *qv, const uint16_t *key, int n) {
 }
 DEFINE_ATTEND_ONE(attend_one_bf16, uint16_t, load16_bf16, store_bf16, __m512, prepare_f32, score_bf16)
 #endif
+#elif defined(__AVX2__) && defined(__FMA__)
+/* AVX2: the same design 8 keys at a time (a fixed tree of horizontal adds leaves their 8 scores in one
+ * vector), and the same exp polynomial with 2^n built in the exponent bits. */
+static inline __m256 load8_f32(const float *p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8_bf16(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+/* out[s] = the sum of a[s]'s 8 lanes */
+static inline __m256 sum_lanes8(const __m256 *a) {
+    __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3])); /* a0-a3: lanes 0-3 | 4-7 */
+    __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+
+static inline __m256 exp8(__m256 x) { /* x clamped to [-87, 88] */
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23); /* 2^n */
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* all-ones in the lanes of a block of 8 keys that hold keys (left: keys from the block's first on) */
+static inline __m256 tail_mask8(int left) {
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+}
+
+static inline float lanes_max8(__m256 x) {
+    float y[8], m = -INFINITY;
+    _mm256_storeu_ps(y, x);
+    for (int l = 0; l < 8; l++) m = y[l] > m ? y[l] : m;
+    return m;
+}
+
+#define DEFINE_ATTEND_ONE(NAME, T, LOAD8, STORE)                                                 \
+    static void NAME(const float *q, const T *k, const T *v, T *out, int length,                \
+                     int head_dim, float scale, float *scores) {                                 \
+        int n = head_dim / 8, blocks = (length + 7) / 8;                                         \
+        __m256 qv[MAX_HEAD_DIM / 8], o[MAX_HEAD_DIM / 8], best = _mm256_set1_ps(-INFINITY);      \
+        for (int c = 0; c < n; c++) qv[c] = _mm256_loadu_ps(q + c * 8);                          \
+        for (int b = 0; b < blocks; b++) {                                                       \
+            __m256 acc[8];                                                                       \
+            for (int s = 0; s < 8; s++) {                                                        \
+                int j = b * 8 + s;                                                               \
+                const T *kj = k + (long)(j < length ? j : length - 1) * head_dim;                \
+                acc[s] = _mm256_mul_ps(qv[0], LOAD8(kj));                                        \
+                for (int c = 1; c < n; c++) acc[s] = _mm256_fmadd_ps(qv[c], LOAD8(kj + c * 8), acc[s]); \
+            }                                                                                    \
+            __m256 sv = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY),                              \
+                                         _mm256_mul_ps(sum_lanes8(acc), _mm256_set1_ps(scale)),  \
+                                         tail_mask8(length - b * 8));                            \
+            _mm256_storeu_ps(scores + b * 8, sv);                                                \
+            best = _mm256_max_ps(best, sv);                                                      \
+        }                                                                                        \
+        __m256 top = _mm256_set1_ps(lanes_max8(best)), total = _mm256_setzero_ps();              \
+        for (int b = 0; b < blocks; b++) {                                                       \
+            __m256 w = _mm256_and_ps(tail_mask8(length - b * 8),                                 \
+                                     exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + b * 8), top))); \
+            _mm256_storeu_ps(scores + b * 8, w);                                                 \
+            total = _mm256_add_ps(total, w);                                                     \
+        }                                                                                        \
+        for (int c = 0; c < n; c++) o[c] = _mm256_setzero_ps();                                  \
+        for (int j = 0; j < length; j++) {                                                       \
+            const T *vj = v + (long)j * head_dim;                                                \
+            __m256 w = _mm256_set1_ps(scores[j]);                                                \
+            for (int c = 0; c < n; c++) o[c] = _mm256_fmadd_ps(w, LOAD8(vj + c * 8), o[c]);      \
+        }                                                                                        \
+        float t[8], sum = 0;                                                                     \
+        _mm256_storeu_ps(t, total);                                                              \
+        for (int l = 0; l < 8; l++) sum += t[l];                                                 \
+        for (int c = 0; c < n; c++) {                                                            \
+            float y[8];                                                                          \
+            _mm256_storeu_ps(y, _mm256_div_ps(o[c], _mm256_set1_ps(sum)));                       \
+            for (int l = 0; l < 8; l++) out[c * 8 + l] = STORE(y[l]);                            \
+        }                                                                                        \
+    }
+
+DEFINE_ATTEND_ONE(attend_one_f32, float, load8_f32, store_f32)
+DEFINE_ATTEND_ONE(attend_one_bf16, uint16_t, load8_bf16, store_bf16)
 #else
 #define DEFINE_ATTEND_ONE(NAME, T, LOAD, STORE)                                                  \
     static void NAME(const float *q, const T *k, const T *v, T *out, int length,                \
@@ -265,7 +355,7 @@ DEFINE_ATTEND_ONE(attend_one_bf16, uint16_t, load_bf16, store_bf16)
 
 /* The MLP's activation: gate_up [rows, 2 width] (gate | up) -> out [rows, width] = silu(gate) * up
  * in float32, rounded once to the activation dtype (one call instead of PyTorch's chunk, silu and
- * mul: ~0.5 ms of a step). With AVX-512, 16 at a time through exp16. */
+ * mul: ~0.5 ms of a step). With AVX-512, 16 at a time through exp16; with AVX2, 8 through exp8. */
 #if defined(__AVX512F__)
 #define DEFINE_SILU_MUL(NAME, T, LOAD, LOAD16, STORE)                                            \
     void NAME(const T *gate_up, T *out, int rows, int width) {                                   \
@@ -285,6 +375,25 @@ DEFINE_ATTEND_ONE(attend_one_bf16, uint16_t, load_bf16, store_bf16)
     }
 DEFINE_SILU_MUL(silu_mul_f32, float, load_f32, load16_f32, store_f32)
 DEFINE_SILU_MUL(silu_mul_bf16, uint16_t, load_bf16, load16_bf16, store_bf16)
+#elif defined(__AVX2__) && defined(__FMA__)
+#define DEFINE_SILU_MUL(NAME, T, LOAD, LOAD8, STORE)                                             \
+    void NAME(const T *gate_up, T *out, int rows, int width) {                                   \
+        for (int r = 0; r < rows; r++) {                                                         \
+            const T *g = gate_up + (long)r * 2 * width, *u = g + width;                          \
+            T *o = out + (long)r * width;                                                        \
+            int d = 0;                                                                           \
+            for (; d + 8 <= width; d += 8) {                                                     \
+                __m256 x = LOAD8(g + d), e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));        \
+                float y[8];                                                                      \
+                _mm256_storeu_ps(y, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), \
+                                                  LOAD8(u + d)));                                \
+                for (int l = 0; l < 8; l++) o[d + l] = STORE(y[l]);                              \
+            }                                                                                    \
+            for (; d < width; d++) o[d] = STORE(LOAD(g[d]) / (1.0f + expf(-LOAD(g[d]))) * LOAD(u[d])); \
+        }                                                                                        \
+    }
+DEFINE_SILU_MUL(silu_mul_f32, float, load_f32, load8_f32, store_f32)
+DEFINE_SILU_MUL(silu_mul_bf16, uint16_t, load_bf16, load8_bf16, store_bf16)
 #else
 #define DEFINE_SILU_MUL(NAME, T, LOAD, STORE)                                                    \
     void NAME(const T *gate_up, T *out, int rows, int width) {                                   \
@@ -743,3 +852,40 @@ int q4_matmul(const uint16_t *x, const uint8_t *q, const float *coef, uint16_t *
     return 1; /* not built: the caller uses PyTorch's 4-bit product */
 }
 #endif
+
+/* A decode forward's layers in one call, for the 4-bit products with float32 activations: the same
+ * kernels in the same order as model.py's per-operation loop, so each position's result is
+ * bit-identical to it; what it saves is the ~9 calls and output tensors a layer costs from Python.
+ * x [rows, dim] float32, the residual stream, updated in place; weights: LAYER_POINTERS per layer
+ * (the enum below); k, v: the cache [layers][kv_heads][positions][head_dim], layer_stride elements
+ * between layers, written at positions first..; cos, sin [rows, head_dim] of those positions. */
+enum { ATTN_NORM, MLP_NORM, QKV, QKV_COEF, O, O_COEF, GATE_UP, GATE_UP_COEF, DOWN, DOWN_COEF, LAYER_POINTERS };
+
+int layers_q4f(float *x, int rows, const void *const *weights, int layers, float *k, float *v, long layer_stride,
+               long kv_stride, const float *cos, const float *sin, int first, int dim, int heads, int kv_heads,
+               int head_dim, int hidden, float eps, float scale, int threads) {
+    const int width = (heads + 2 * kv_heads) * head_dim, attn_width = heads * head_dim;
+    const long n = rows;
+    float *h = malloc(sizeof(float) * n * (dim + width + 2 * attn_width + 3 * hidden + dim));
+    if (!h) return 1;
+    float *qkv = h + n * dim, *q = qkv + n * width, *attn = q + n * attn_width, *gate_up = attn + n * attn_width,
+          *act = gate_up + n * 2 * hidden, *y = act + n * hidden;
+    int failed = 0;
+    for (int l = 0; l < layers && !failed; l++) {
+        const void *const *w = weights + (long)l * LAYER_POINTERS;
+        float *kl = k + l * layer_stride, *vl = v + l * layer_stride;
+        rms_norm_f32(x, w[ATTN_NORM], h, rows, dim, eps);
+        failed |= q4f_matmul(h, w[QKV], w[QKV_COEF], qkv, rows, dim, width, threads);
+        rope_store_f32(qkv, cos, sin, q, kl, vl, rows, heads, kv_heads, head_dim, kv_stride, first);
+        failed |= attend_f32(q, kl, vl, attn, rows, heads, kv_heads, head_dim, kv_stride, first + 1, scale, threads);
+        failed |= q4f_matmul(attn, w[O], w[O_COEF], y, rows, attn_width, dim, threads);
+        for (long i = 0; i < n * dim; i++) x[i] += y[i];
+        rms_norm_f32(x, w[MLP_NORM], h, rows, dim, eps);
+        failed |= q4f_matmul(h, w[GATE_UP], w[GATE_UP_COEF], gate_up, rows, dim, 2 * hidden, threads);
+        silu_mul_f32(gate_up, act, rows, hidden);
+        failed |= q4f_matmul(act, w[DOWN], w[DOWN_COEF], y, rows, hidden, dim, threads);
+        for (long i = 0; i < n * dim; i++) x[i] += y[i];
+    }
+    free(h);
+    return failed;
+}

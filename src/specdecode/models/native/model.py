@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from ..base import Vocabulary, eos_ids
 from .cache import NativeCache
-from .kernels import make_kernels
+from .kernels import CKernels, make_kernels
 from .linear import Int4Linear, Linear, Q8Linear, bf16_supported, dense
 from .plan import kernel_plan
 
@@ -93,6 +93,21 @@ class NativeLlama:
         emb = torch.cat([freqs, freqs], dim=-1)  # [P, hd]
         self.cos, self.sin = emb.cos().to(self.compute_dtype), emb.sin().to(self.compute_dtype)
         self.n_threads = torch.get_num_threads()
+        self.layer_pointers = self._layer_pointers()
+
+    def _layer_pointers(self) -> torch.Tensor | None:
+        """The layers' weights as kernels.c's layers_q4f takes them ([layers, 10] int64 addresses of
+        tensors this model holds), where every product is 4-bit with float32 activations; else None."""
+        if not isinstance(self.kernels, CKernels) or self.compute_dtype != torch.float32:
+            return None
+        rows = []
+        for b in self.blocks:
+            linears = [b[n] for n in ("qkv", "o", "gate_up", "down")]
+            if not all(isinstance(m, Int4Linear) and m.float_activations for m in linears):
+                return None
+            rows.append([b["attn_norm"].data_ptr(), b["mlp_norm"].data_ptr()]
+                        + [t.data_ptr() for m in linears for t in (m.packed, m.coef)])
+        return torch.tensor(rows, dtype=torch.int64)
 
     @staticmethod
     def _block_products(w: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
@@ -144,6 +159,11 @@ class NativeLlama:
         T, p0 = ids.shape[0], cache.length
         cos, sin = self.cos[p0 : p0 + T], self.sin[p0 : p0 + T]  # [T, hd]
         x = F.embedding(ids, self.embed)  # [T, D]
+        if not prefill and self.layer_pointers is not None:  # the loop below in one C call
+            hidden = self.blocks[0]["gate_up"].out_features // 2
+            x = self.kernels.layers_q4f(x, self.layer_pointers, cache.k, cache.v, cos, sin, p0, hidden, self.eps)
+            cache.length = p0 + T
+            return x
         for i, b in enumerate(self.blocks):
             products = self.prefill_products[i] if prefill else b
             qkv = products["qkv"](self.kernels.rms_norm(x, b["attn_norm"], self.eps))  # [T, (H + 2 Hkv) hd]

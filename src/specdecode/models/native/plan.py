@@ -147,6 +147,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     for name in ("q4_matmul", "q4f_matmul"):
         getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, [p] * 4 + [i32] * 4
     lib.q4_available.restype, lib.q4_available.argtypes = ctypes.c_int, []
+    lib.layers_q4f.restype = ctypes.c_int
+    lib.layers_q4f.argtypes = [p, i32, p, i32, p, p, ctypes.c_long, ctypes.c_long, p, p] + [i32] * 6 + [
+        ctypes.c_float] * 2 + [i32]
     return lib
 
 
