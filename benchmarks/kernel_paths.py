@@ -1,11 +1,12 @@
 """The native backend's kernel paths side by side in one process, with llama.cpp beside them.
 
 Loads the embedded model once per kernel path this CPU runs (`SPECDECODE_KERNELS` forced: avx512,
-avx2, portable, torch) and llama.cpp on the same GGUF, then times their 120 block products at 1-8
+avx2, portable, torch) and precision (`--dtypes`, e.g. int4 w4a8) and llama.cpp on the same GGUF, then times their 120 block products at 1-8
 rows and whole forwards T(k) at 256 cached positions, the models taking turns run by run (the
 machine's speed drifts by minutes).
 
     python benchmarks/kernel_paths.py --out benchmarks/results/kernel_paths_avx2.md
+    python benchmarks/kernel_paths.py --paths avx2 --dtypes int4 w4a8 --out benchmarks/results/int8_activations_avx2.md
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ def medians_ms(fns: list, repeats: int) -> list[float]:
     return [statistics.median(t) * 1e3 for t in times]
 
 
-def load_on_path(path: str):
+def load_on_path(path: str, dtype: str = "auto"):
     os.environ[plan.ENV] = path
     try:
-        return load_model(None, backend="native")
+        return load_model(None, backend="native", dtype=dtype)
     finally:
         del os.environ[plan.ENV]
 
@@ -62,6 +63,7 @@ def forward(model, k: int, context: int):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--paths", nargs="+", default=None, help="kernel paths (default: all this CPU runs)")
+    parser.add_argument("--dtypes", nargs="+", default=["auto"], help="native precisions (default: auto)")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--context", type=int, default=256, help="cached positions for the forwards")
@@ -72,8 +74,9 @@ def main() -> None:
 
     models = {}
     for path in args.paths or plan.runnable_paths():
-        model = load_on_path(path)
-        models[f"native {path} ({model.dtype})"] = model
+        for dtype in args.dtypes:
+            model = load_on_path(path, dtype)
+            models[f"native {path} ({model.dtype})"] = model
     plans = [f"- native {m.kernels.plan.path}: {m.kernel_plan}" for m in models.values()]
     if not args.no_llamacpp:
         models["llama.cpp Q4_1"] = load_model(None, backend="llama.cpp", threads=2)

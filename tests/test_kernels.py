@@ -191,7 +191,7 @@ def test_float32_q4_product_reads_a_q4_grid_exactly_rows_alone_as_in_a_batch(lib
     for out_features, in_features in ((96, 1536), (960, 576)):
         weight = q4_grid(out_features, in_features, gen)
         linear = Int4Linear.quantize(weight, torch.float32, ours)
-        assert linear.float_activations and linear.out_features == out_features
+        assert linear.kind == "q4f" and linear.out_features == out_features
         torch.testing.assert_close(linear(torch.eye(in_features)), weight.t(), rtol=0, atol=1e-6)
         x = torch.randn(16, in_features, generator=gen)
         y = linear(x)
@@ -225,3 +225,43 @@ def test_every_c_path_computes_the_same_function(lib):
     ours = Int4Linear.quantize(weight, torch.float32, CKernels(lib, H, HKV, HD, torch.float32))(x)
     reference = Int4Linear.quantize(weight, torch.float32, CKernels(portable, H, HKV, HD, torch.float32))(x)
     torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
+
+
+def _quantisation_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """How far x W^T can move when x is rounded to 8 bits per group of 32 (each x_i by at most half
+    its group's step max|x| / 127): sum over groups of step / 2 * sum |w_i|, [rows, out]."""
+    rows, K = x.shape
+    step = x.view(rows, K // 32, 32).abs().amax(-1) / 127  # [rows, groups]
+    weight_mass = weight.abs().view(weight.shape[0], K // 32, 32).sum(-1)  # [out, groups]
+    return step / 2 @ weight_mass.t() * 1.001 + 1e-5
+
+
+@pytest.mark.parametrize("product", ["q4q8", "q8q8"])
+def test_int8_activation_products_give_the_portable_bits_rows_alone_within_the_rounding_bound(lib, product):
+    """The integer products (activations rounded to 8 bits per group of 32, exact integer dot
+    products): the same bits as the portable build's, each row the same alone and in batches, and
+    the result within the activations' rounding of x W^T (a misplaced nibble or scale would not be)."""
+    ours, reference = (CKernels(built, H, HKV, HD, torch.float32)
+                       for built in (lib, plan._load("portable", plan.c_compiler())[0]))
+    gen = torch.Generator().manual_seed(10)
+    for out_features, in_features in ((96, 1536), (960, 576)):
+        if product == "q4q8":
+            weight = q4_grid(out_features, in_features, gen)
+            make = lambda k: Int4Linear.quantize(weight, torch.float32, k, int8_activations=True)  # noqa: E731
+        else:
+            q = torch.randint(-127, 128, (out_features, in_features // 32, 32), generator=gen).float()
+            q[..., 0] = 127
+            weight = (q * (torch.rand(out_features, in_features // 32, 1, generator=gen) * 0.01 + 1e-4)).view(
+                out_features, in_features)
+            make = lambda k: Q8Linear.quantize(weight, k, int8_activations=True)  # noqa: E731
+        linear = make(ours)
+        assert linear.kind == product and linear.out_features == out_features
+        x = torch.randn(16, in_features, generator=gen) * torch.rand(16, 1, generator=gen) * 4
+        x[0, :32] = 0  # an all-zero group: step 0
+        y = linear(x)
+        assert torch.equal(y, make(reference)(x))
+        assert ((y - x @ weight.t()).abs() <= _quantisation_bound(x, weight)).all()
+        alone = torch.cat([linear(x[i : i + 1]) for i in range(16)])
+        assert torch.equal(y, alone) and all(torch.equal(linear(x[:rows]), y[:rows]) for rows in range(2, 16))
+    with pytest.raises(ValueError, match="8-bit activations need the C kernels"):
+        Int4Linear.quantize(q4_grid(96, 576, gen), torch.float32, TorchKernels(H, HKV, HD), int8_activations=True)

@@ -82,7 +82,10 @@ def tiny_llama(directory, grid: bool):
 def test_auto_runs_4_bit_weights_as_4_bit_and_anything_else_in_bf16(tmp_path):
     grid, plain = tiny_llama(tmp_path / "grid", True), tiny_llama(tmp_path / "plain", False)
     wide = str(activation_dtype()).removeprefix("torch.")
-    assert load_native(grid, "auto").dtype == "int4" and load_native(plain, "auto").dtype == wide
+    auto = load_native(grid, "auto")
+    # 8-bit activations where the C kernels serve the shapes and have vector integer dot products
+    integer = getattr(auto.kernels, "q4q8_vector", False)
+    assert auto.dtype == ("w4a8" if integer else "int4") and load_native(plain, "auto").dtype == wide
     with pytest.raises(ValueError, match="layer 0's qkv product of plain is not 4-bit groups of 32"):
         load_native(plain, "int4")
     # the same model through 4-bit and float32 products: the same function of the tokens
@@ -93,18 +96,20 @@ def test_auto_runs_4_bit_weights_as_4_bit_and_anything_else_in_bf16(tmp_path):
 
 
 def _variants():
-    """(test id, kernel path, --dtype) of every configuration this host runs: the default (4-bit) on
-    each kernel path, the float products on the best one, PyTorch's ops. The id names what runs:
-    a host without bf16 units runs float32 under a float32 id."""
+    """(test id, kernel path, --dtype) of every configuration this host runs: both 4-bit precisions on
+    each kernel path (8-bit activations where the path has vector integer dot products: the portable
+    build's integer products give the same bits, tested in test_kernels), the float products on the
+    best one, PyTorch's ops. The id names what runs: a host without bf16 units runs float32 under a
+    float32 id."""
     c_paths = [p for p in plan.runnable_paths() if p != "torch"]
     best = c_paths[0] if c_paths else "torch"
     wide = str(activation_dtype()).removeprefix("torch.")
-    return [(f"{path}-int4", path, "auto") for path in c_paths] + [(f"{best}-{wide}", best, "bfloat16"),
-                                                                     ("torch-int4", "torch", "auto")]
+    return ([(f"{path}-int4", path, "int4") for path in c_paths]
+            + [(f"{path}-w4a8", path, "w4a8") for path in c_paths if path != "portable"]
+            + [(f"{best}-{wide}", best, "bfloat16"), ("torch-int4", "torch", "auto")])
 
 
 VARIANTS = _variants()
-DEFAULT = VARIANTS[0]  # what a plain `load_model` runs on this host
 
 
 def load_on_path(path: str, dtype: str):
@@ -127,7 +132,7 @@ def any_native(request):
     name, path, dtype = request.param
     model = load_on_path(path, dtype)
     assert f"{path}-{model.dtype}" == name
-    assert isinstance(model.head, Q8Linear) == (dtype == "auto" and path != "torch")  # the GGUF's Q8_0 head
+    assert isinstance(model.head, Q8Linear) == (model.dtype in ("int4", "w4a8") and path != "torch")  # the Q8_0 head
     return model
 
 
@@ -136,7 +141,7 @@ def native():
     """The embedded target as this host runs it by default (4-bit on the best path): what the
     decode-level tests run on (every other variant's forward is checked against single steps, which
     is what makes its speculative output equal its plain output)."""
-    return load_on_path(*DEFAULT[1:])
+    return load_on_path(plan.runnable_paths()[0], "auto")
 
 
 @pytest.mark.slow
@@ -176,7 +181,7 @@ def test_a_forward_over_k_tokens_equals_k_single_steps_bit_for_bit(any_native, c
 def test_the_decode_layers_in_one_c_call_equal_the_per_operation_loop_bit_for_bit(any_native):
     native = any_native
     fused = native.layer_pointers
-    assert (fused is not None) == (native.dtype == "int4" and native.compute_dtype == torch.float32
+    assert (fused is not None) == (native.dtype in ("int4", "w4a8") and native.compute_dtype == torch.float32
                                    and native.kernels.plan.path != "torch")
     if fused is None:
         pytest.skip(f"{native!r} runs its layers one operation at a time")

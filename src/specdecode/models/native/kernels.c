@@ -14,7 +14,7 @@
  *   shape), k and v (one layer of the cache, [kv_heads, positions, head_dim], kv_stride elements
  *   between kv heads) in bf16 or float32; head_dim a multiple of 2 LANES (the bf16 dot product
  *   takes 32), at most MAX_HEAD_DIM.
- * layers_q4f: a decode forward's layers in one call (4-bit products, float32 activations).
+ * layers_q4f: a decode forward's layers in one call (4-bit products, float32 residual stream).
  * The caller (kernels.py) checks the shapes.
  */
 #include <math.h>
@@ -752,6 +752,340 @@ int q4f_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y,
     return failed;
 }
 
+/* y = x W^T for Q4_1 weights (w = d q + m, q in 0..15, groups of 32 inputs) with the activations
+ * quantised to 8 bits in the same groups, as llama.cpp computes its Q4_1 products (its Q8_1 blocks):
+ * xq = round(x 127 / max|x|), dx = max|x| / 127, and the group's dot product S = sum_i q_i xq_i is
+ * exact integer arithmetic (AVX2 vpmaddubsw, NEON sdot, plain C elsewhere). A group contributes
+ * fma(d dx, S, fma(m, sx, acc)) with sx = dx sum_i xq_i: the same float operations in the same order
+ * on every path, so every build gives the same bits, and a row never depends on the others.
+ *
+ * Layout, 16 outputs at a time: q [out / 16][in / 32][8][32] bytes, byte 4o + j of a group's chunk c
+ * holding input 4c + j of output o (low nibble) and of output o + 8 (high nibble), o < 8: a 32-bit
+ * lane holds one output's four inputs, the shape of vpmaddubsw + vpmaddwd (and of vpdpbusd, sdot).
+ * coef [out / 16][in / 32][2][16] float16, d and m, as q4f_matmul's. */
+typedef struct {
+    int8_t *q;       /* [rows][in] */
+    float *d, *s;    /* [rows][in / 32]: dx and sx */
+    int32_t *sum;    /* [rows][in / 32]: sum of xq */
+} q8_rows_t;
+
+/* Plain scalar C in every build: the quantised activations are the same on every path. */
+static int quantize_q8(const float *x, int rows, int in, q8_rows_t *a) {
+    const int groups = in / 32;
+    a->q = malloc((size_t)rows * in);
+    a->d = malloc(sizeof(float) * 3 * rows * groups);
+    if (!a->q || !a->d) {
+        free(a->q), free(a->d);
+        return 1;
+    }
+    a->s = a->d + rows * groups;
+    a->sum = (int32_t *)(a->s + rows * groups);
+    for (int r = 0; r < rows; r++)
+        for (int g = 0; g < groups; g++) {
+            const float *xg = x + (long)r * in + g * 32;
+            int8_t *qg = a->q + (long)r * in + g * 32;
+            float amax = 0;
+            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xg[i]));
+            const float inverse = amax > 0 ? 127.0f / amax : 0.0f;
+            int sum = 0;
+            for (int i = 0; i < 32; i++) {
+                qg[i] = (int8_t)nearbyintf(xg[i] * inverse);
+                sum += qg[i];
+            }
+            a->d[r * groups + g] = amax / 127.0f;
+            a->s[r * groups + g] = amax / 127.0f * (float)sum;
+            a->sum[r * groups + g] = sum;
+        }
+    return 0;
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* R rows (1-8) of one 16-output block with AVX512-VNNI: per chunk of 4 inputs the 32 packed bytes
+ * are loaded into both halves of a vector, the high half shifted by 4, and one mask gives the 64
+ * weights (16 outputs x 4 inputs); vpdpbusd adds each output's 4 products to its int32 lane, for
+ * all R rows from one unpacking. */
+static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const uint16_t *cb,
+                                                            float *y, int in, int out, int nb, int r0, const int R) {
+    const int groups = in / 32;
+    const __m512i nibble = _mm512_set1_epi8(15);
+    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    __m512 acc[8];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        const uint8_t *grp = qb + (long)g * 256;
+        for (int line = 0; line < 256; line += 64) _mm_prefetch((const char *)(grp + 8 * 256 + line), _MM_HINT_T0);
+        __m512i S[8];
+        for (int r = 0; r < R; r++) S[r] = _mm512_setzero_si512();
+        for (int c = 0; c < 8; c++) {
+            __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(grp + c * 32)));
+            __m512i w = _mm512_and_si512(_mm512_srlv_epi16(v, shift), nibble);
+            for (int r = 0; r < R; r++) {
+                int32_t chunk;
+                memcpy(&chunk, a->q + (long)(r0 + r) * in + g * 32 + c * 4, 4);
+                S[r] = _mm512_dpbusd_epi32(S[r], w, _mm512_set1_epi32(chunk));
+            }
+        }
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(cb + g * 32)));
+        __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(cb + g * 32 + 16)));
+        for (int r = 0; r < R; r++) {
+            const int at = (r0 + r) * groups + g;
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(a->d[at])), _mm512_cvtepi32_ps(S[r]),
+                                     _mm512_fmadd_ps(m, _mm512_set1_ps(a->s[at]), acc[r]));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(y + (long)(r0 + r) * out + (long)nb * 16, acc[r]);
+}
+
+static void q4q8_block(const q8_rows_t *a, const uint8_t *qb, const uint16_t *cb, float *y, int rows, int in,
+                       int out, int nb) {
+    for (int r0 = 0; r0 < rows; r0 += 8) {
+        switch (rows - r0 >= 8 ? 8 : rows - r0) {
+        case 8: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 8); break;
+        case 7: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 7); break;
+        case 6: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 6); break;
+        case 5: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 5); break;
+        case 4: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 4); break;
+        case 3: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 3); break;
+        case 2: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 2); break;
+        default: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 1);
+        }
+    }
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+/* R rows (1-4) of one 16-output block: per chunk of 4 inputs one load and two masks unpack 32
+ * weights for all R rows; vpmaddubsw (u8 weight x s8 activation, pairs summed into int16) runs
+ * the 8 chunks of a group in int16 (at most 16 products of 15 x 127: 30480, no overflow), and
+ * vpmaddwd sums the pairs into one int32 per output. */
+static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const uint16_t *cb,
+                                                            float *y, int in, int out, int nb, int r0, const int R) {
+    const int groups = in / 32;
+    const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    __m256 acc[4][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        const uint8_t *grp = qb + (long)g * 256;
+        for (int line = 0; line < 256; line += 64) _mm_prefetch((const char *)(grp + 8 * 256 + line), _MM_HINT_T0);
+        __m256i s[4][2];
+        for (int r = 0; r < R; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
+        for (int c = 0; c < 8; c++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(grp + c * 32));
+            __m256i lo = _mm256_and_si256(v, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+            for (int r = 0; r < R; r++) {
+                int32_t chunk;
+                memcpy(&chunk, a->q + (long)(r0 + r) * in + g * 32 + c * 4, 4);
+                __m256i xb = _mm256_set1_epi32(chunk);
+                s[r][0] = _mm256_add_epi16(s[r][0], _mm256_maddubs_epi16(lo, xb));
+                s[r][1] = _mm256_add_epi16(s[r][1], _mm256_maddubs_epi16(hi, xb));
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(cb + g * 32 + 8 * h)));
+            __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(cb + g * 32 + 16 + 8 * h)));
+            for (int r = 0; r < R; r++) {
+                const int at = (r0 + r) * groups + g;
+                __m256 S = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[r][h], ones));
+                acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(a->d[at])), S,
+                                            _mm256_fmadd_ps(m, _mm256_set1_ps(a->s[at]), acc[r][h]));
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        _mm256_storeu_ps(y + (long)(r0 + r) * out + (long)nb * 16, acc[r][0]);
+        _mm256_storeu_ps(y + (long)(r0 + r) * out + (long)nb * 16 + 8, acc[r][1]);
+    }
+}
+
+static void q4q8_block(const q8_rows_t *a, const uint8_t *qb, const uint16_t *cb, float *y, int rows, int in,
+                       int out, int nb) {
+    for (int r0 = 0; r0 < rows; r0 += 4) {
+        switch (rows - r0 >= 4 ? 4 : rows - r0) {
+        case 4: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 4); break;
+        case 3: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 3); break;
+        case 2: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 2); break;
+        default: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 1);
+        }
+    }
+}
+#else
+static void q4q8_block(const q8_rows_t *a, const uint8_t *qb, const uint16_t *cb, float *y, int rows, int in,
+                       int out, int nb) {
+    const int groups = in / 32;
+    for (int r = 0; r < rows; r++) {
+        float acc[16] = {0};
+        for (int g = 0; g < groups; g++) {
+            const uint8_t *grp = qb + (long)g * 256;
+            const int8_t *xg = a->q + (long)r * in + g * 32;
+            int32_t S[16] = {0};
+            for (int c = 0; c < 8; c++)
+                for (int o = 0; o < 8; o++)
+                    for (int j = 0; j < 4; j++) {
+                        const int byte = grp[c * 32 + 4 * o + j], xi = xg[4 * c + j];
+                        S[o] += (byte & 15) * xi;
+                        S[o + 8] += (byte >> 4) * xi;
+                    }
+            const float dx = a->d[r * groups + g], sx = a->s[r * groups + g];
+            for (int o = 0; o < 16; o++)
+                acc[o] = fmaf(half_to_float(cb[g * 32 + o]) * dx, (float)S[o],
+                              fmaf(half_to_float(cb[g * 32 + 16 + o]), sx, acc[o]));
+        }
+        memcpy(y + (long)r * out + (long)nb * 16, acc, sizeof acc);
+    }
+}
+#endif
+
+/* Which vector integer dot product this build's q4q8_matmul runs on: 2 vpdpbusd (AVX512-VNNI), 1
+ * vpmaddubsw (AVX2), 0 none (plain C: exact, slow). */
+int q4q8_vector(void) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    return 2;
+#elif defined(__AVX2__) && defined(__FMA__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int q4q8_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y, int rows, int in, int out,
+                int threads) {
+    const int groups = in / 32;
+    q8_rows_t a;
+    if (quantize_q8(x, rows, in, &a)) return 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int nb = 0; nb < out / 16; nb++)
+        q4q8_block(&a, q + (long)nb * in * 8, coef + (long)nb * groups * 32, y, rows, in, out, nb);
+    free(a.q), free(a.d);
+    return 0;
+}
+
+/* y = x W^T for an 8-bit weight in groups of 32 inputs, w = scale q (Q8_0, the embedded model's LM
+ * head), with the activations quantised as for q4q8_matmul: a group contributes fma(scale dx, S, acc)
+ * with S = sum_i q_i xq_i in exact integer arithmetic, the same bits on every path.
+ * Layout, 16 outputs at a time: q [out / 16][in / 32][8][16][4] bytes, q + 128 as uint8 (byte 4o + j
+ * of chunk c: output o's input 4c + j), so vpdpbusd takes the weights as its unsigned operand:
+ * sum (q + 128) xq = S + 128 sum(xq), whose second term is the row's; scales [out / 16][in / 32][16]
+ * float32. */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+static inline __attribute__((always_inline)) void q8q8_rows(const q8_rows_t *a, const uint8_t *qb, const float *sb,
+                                                            float *y, int in, int out, int nb, int r0, const int R) {
+    const int groups = in / 32;
+    __m512 acc[8];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        const uint8_t *grp = qb + (long)g * 512;
+        for (int line = 0; line < 512; line += 64) _mm_prefetch((const char *)(grp + 4 * 512 + line), _MM_HINT_T0);
+        __m512i S[8];
+        for (int r = 0; r < R; r++) S[r] = _mm512_setzero_si512();
+        for (int c = 0; c < 8; c++) {
+            __m512i w = _mm512_loadu_si512((const void *)(grp + c * 64));
+            for (int r = 0; r < R; r++) {
+                int32_t chunk;
+                memcpy(&chunk, a->q + (long)(r0 + r) * in + g * 32 + c * 4, 4);
+                S[r] = _mm512_dpbusd_epi32(S[r], w, _mm512_set1_epi32(chunk));
+            }
+        }
+        __m512 scale = _mm512_loadu_ps(sb + g * 16);
+        for (int r = 0; r < R; r++) {
+            const int at = (r0 + r) * groups + g;
+            __m512i exact = _mm512_sub_epi32(S[r], _mm512_set1_epi32(128 * a->sum[at]));
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(scale, _mm512_set1_ps(a->d[at])), _mm512_cvtepi32_ps(exact), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(y + (long)(r0 + r) * out + (long)nb * 16, acc[r]);
+}
+#define Q8Q8_ROWS 8
+#elif defined(__AVX2__) && defined(__FMA__)
+/* AVX2 has no unsigned x signed product that cannot saturate here, so the weights are made signed
+ * again and their signs moved onto the activations: vpmaddubsw(|w|, sign(xq, w)) pairs stay within
+ * 2 x 127 x 127 and vpmaddwd sums them into int32. */
+static inline __attribute__((always_inline)) void q8q8_rows(const q8_rows_t *a, const uint8_t *qb, const float *sb,
+                                                            float *y, int in, int out, int nb, int r0, const int R) {
+    const int groups = in / 32;
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    __m256 acc[4][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        const uint8_t *grp = qb + (long)g * 512;
+        for (int line = 0; line < 512; line += 64) _mm_prefetch((const char *)(grp + 4 * 512 + line), _MM_HINT_T0);
+        __m256i S[4][2];
+        for (int r = 0; r < R; r++) S[r][0] = S[r][1] = _mm256_setzero_si256();
+        for (int c = 0; c < 8; c++)
+            for (int h = 0; h < 2; h++) {
+                __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(grp + c * 64 + h * 32)), flip);
+                __m256i magnitude = _mm256_sign_epi8(w, w);
+                for (int r = 0; r < R; r++) {
+                    int32_t chunk;
+                    memcpy(&chunk, a->q + (long)(r0 + r) * in + g * 32 + c * 4, 4);
+                    __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(_mm256_set1_epi32(chunk), w));
+                    S[r][h] = _mm256_add_epi32(S[r][h], _mm256_madd_epi16(pairs, ones));
+                }
+            }
+        for (int h = 0; h < 2; h++) {
+            __m256 scale = _mm256_loadu_ps(sb + g * 16 + 8 * h);
+            for (int r = 0; r < R; r++) {
+                const int at = (r0 + r) * groups + g;
+                acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(a->d[at])),
+                                            _mm256_cvtepi32_ps(S[r][h]), acc[r][h]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        _mm256_storeu_ps(y + (long)(r0 + r) * out + (long)nb * 16, acc[r][0]);
+        _mm256_storeu_ps(y + (long)(r0 + r) * out + (long)nb * 16 + 8, acc[r][1]);
+    }
+}
+#define Q8Q8_ROWS 4
+#else
+static void q8q8_rows(const q8_rows_t *a, const uint8_t *qb, const float *sb, float *y, int in, int out, int nb,
+                      int r0, const int R) {
+    const int groups = in / 32;
+    for (int r = r0; r < r0 + R; r++) {
+        float acc[16] = {0};
+        for (int g = 0; g < groups; g++) {
+            const uint8_t *grp = qb + (long)g * 512;
+            const int8_t *xg = a->q + (long)r * in + g * 32;
+            int32_t S[16] = {0};
+            for (int c = 0; c < 8; c++)
+                for (int o = 0; o < 16; o++)
+                    for (int j = 0; j < 4; j++) S[o] += (grp[c * 64 + 4 * o + j] - 128) * xg[4 * c + j];
+            const float dx = a->d[r * groups + g];
+            for (int o = 0; o < 16; o++) acc[o] = fmaf(sb[g * 16 + o] * dx, (float)S[o], acc[o]);
+        }
+        memcpy(y + (long)r * out + (long)nb * 16, acc, sizeof acc);
+    }
+}
+#define Q8Q8_ROWS 1
+#endif
+
+int q8q8_matmul(const float *x, const uint8_t *q, const float *scales, float *y, int rows, int in, int out,
+                int threads) {
+    const int groups = in / 32;
+    q8_rows_t a;
+    if (quantize_q8(x, rows, in, &a)) return 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int nb = 0; nb < out / 16; nb++) {
+        const uint8_t *qb = q + (long)nb * in * 16;
+        const float *sb = scales + (long)nb * groups * 16;
+        for (int r0 = 0; r0 < rows; r0 += Q8Q8_ROWS) {
+            switch (rows - r0 >= Q8Q8_ROWS ? Q8Q8_ROWS : rows - r0) {
+#if Q8Q8_ROWS == 8
+            case 8: q8q8_rows(&a, qb, sb, y, in, out, nb, r0, 8); break;
+            case 7: q8q8_rows(&a, qb, sb, y, in, out, nb, r0, 7); break;
+            case 6: q8q8_rows(&a, qb, sb, y, in, out, nb, r0, 6); break;
+            case 5: q8q8_rows(&a, qb, sb, y, in, out, nb, r0, 5); break;
+#endif
+#if Q8Q8_ROWS >= 4
+            case 4: q8q8_rows(&a, qb, sb, y, in, out, nb, r0, 4); break;
+            case 3: q8q8_rows(&a, qb, sb, y, in, out, nb, r0, 3); break;
+            case 2: q8q8_rows(&a, qb, sb, y, in, out, nb, r0, 2); break;
+#endif
+            default: q8q8_rows(&a, qb, sb, y, in, out, nb, r0, 1);
+            }
+        }
+    }
+    free(a.q), free(a.d);
+    return 0;
+}
+
 /* y = x W^T for a weight held as 4-bit integers in groups of 32 inputs, w = d q + m, q in 0..15 (the
  * GGUF Q4_1 block format), with bf16 activations x [rows, in] and bf16 out y [rows, out]; in a
  * multiple of 32, out of 16. AVX512-BF16 only (q4_available() says whether it was built): each
@@ -853,7 +1187,8 @@ int q4_matmul(const uint16_t *x, const uint8_t *q, const float *coef, uint16_t *
 }
 #endif
 
-/* A decode forward's layers in one call, for the 4-bit products with float32 activations: the same
+/* A decode forward's layers in one call, for the 4-bit products (q4f_matmul, or q4q8_matmul where
+ * int8_activations) with a float32 residual stream: the same
  * kernels in the same order as model.py's per-operation loop, so each position's result is
  * bit-identical to it; what it saves is the ~9 calls and output tensors a layer costs from Python.
  * x [rows, dim] float32, the residual stream, updated in place; weights: LAYER_POINTERS per layer
@@ -863,7 +1198,9 @@ enum { ATTN_NORM, MLP_NORM, QKV, QKV_COEF, O, O_COEF, GATE_UP, GATE_UP_COEF, DOW
 
 int layers_q4f(float *x, int rows, const void *const *weights, int layers, float *k, float *v, long layer_stride,
                long kv_stride, const float *cos, const float *sin, int first, int dim, int heads, int kv_heads,
-               int head_dim, int hidden, float eps, float scale, int threads) {
+               int head_dim, int hidden, float eps, float scale, int int8_activations, int threads) {
+    int (*product)(const float *, const uint8_t *, const uint16_t *, float *, int, int, int, int) =
+        int8_activations ? q4q8_matmul : q4f_matmul;
     const int width = (heads + 2 * kv_heads) * head_dim, attn_width = heads * head_dim;
     const long n = rows;
     float *h = malloc(sizeof(float) * n * (dim + width + 2 * attn_width + 3 * hidden + dim));
@@ -875,15 +1212,15 @@ int layers_q4f(float *x, int rows, const void *const *weights, int layers, float
         const void *const *w = weights + (long)l * LAYER_POINTERS;
         float *kl = k + l * layer_stride, *vl = v + l * layer_stride;
         rms_norm_f32(x, w[ATTN_NORM], h, rows, dim, eps);
-        failed |= q4f_matmul(h, w[QKV], w[QKV_COEF], qkv, rows, dim, width, threads);
+        failed |= product(h, w[QKV], w[QKV_COEF], qkv, rows, dim, width, threads);
         rope_store_f32(qkv, cos, sin, q, kl, vl, rows, heads, kv_heads, head_dim, kv_stride, first);
         failed |= attend_f32(q, kl, vl, attn, rows, heads, kv_heads, head_dim, kv_stride, first + 1, scale, threads);
-        failed |= q4f_matmul(attn, w[O], w[O_COEF], y, rows, attn_width, dim, threads);
+        failed |= product(attn, w[O], w[O_COEF], y, rows, attn_width, dim, threads);
         for (long i = 0; i < n * dim; i++) x[i] += y[i];
         rms_norm_f32(x, w[MLP_NORM], h, rows, dim, eps);
-        failed |= q4f_matmul(h, w[GATE_UP], w[GATE_UP_COEF], gate_up, rows, dim, 2 * hidden, threads);
+        failed |= product(h, w[GATE_UP], w[GATE_UP_COEF], gate_up, rows, dim, 2 * hidden, threads);
         silu_mul_f32(gate_up, act, rows, hidden);
-        failed |= q4f_matmul(act, w[DOWN], w[DOWN_COEF], y, rows, hidden, dim, threads);
+        failed |= product(act, w[DOWN], w[DOWN_COEF], y, rows, hidden, dim, threads);
         for (long i = 0; i < n * dim; i++) x[i] += y[i];
     }
     free(h);

@@ -1,6 +1,6 @@
 """The native backend's small per-token operations (RMSNorm, RoPE with the cache writes, attention
-over the cache, the MLP's activation) and its products: 4-bit groups (bf16 or float32
-activations), the LM head in 8-bit blocks, float32 weights.
+over the cache, the MLP's activation) and its products: 4-bit groups (bf16, float32 or 8-bit
+activations), the LM head in 8-bit blocks (float32 or 8-bit activations), float32 weights.
 
 Each must compute a position exactly as it would be computed alone (the native backend's
 exactness). The small ones are dominated by PyTorch's per-op overhead at decode sizes: RMSNorm is
@@ -37,7 +37,7 @@ class TorchKernels:
     """RMSNorm, RoPE with the cache writes, attention over the cache and the MLP's activation, in
     PyTorch ops."""
 
-    q4 = q4f = False  # no 4-bit products of its own (PyTorch's int4 kernel serves)
+    q4 = q4f = q4q8 = False  # no 4-bit products of its own (PyTorch's int4 kernel serves)
 
     def __init__(self, heads: int, kv_heads: int, head_dim: int, plan: KernelPlan | None = None) -> None:
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
@@ -90,11 +90,15 @@ class CKernels(TorchKernels):
         self._rms_norm, self._rope_store, self._attend, self._silu_mul = (
             getattr(lib, f"{op}_{suffix}") for op in ("rms_norm", "rope_store", "attend", "silu_mul"))
         self._q8_matmul, self._q4_matmul, self._q4f_matmul = lib.q8_matmul, lib.q4_matmul, lib.q4f_matmul
+        self._q4q8_matmul, self._q8q8_matmul = lib.q4q8_matmul, lib.q8q8_matmul
         self._f32_matmul, self._layers_q4f = lib.f32_matmul, lib.layers_q4f
         self.dtype, self.scale = dtype, head_dim ** -0.5
         # 4-bit products: bf16 activations through AVX512-BF16's dot product (q4), float32 ones on any build (q4f)
         self.q4 = dtype == torch.bfloat16 and bool(lib.q4_available())
         self.q4f = dtype == torch.float32
+        # ... and with the activations quantised to 8 bits (integer dot products; plain C where not `q4q8_vector`)
+        self.q4q8 = dtype == torch.float32
+        self.q4q8_vector = bool(lib.q4q8_vector())
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         x = x.contiguous()
@@ -138,6 +142,18 @@ class CKernels(TorchKernels):
             raise MemoryError("8-bit product: no memory for the rows' sums")
         return y
 
+    def q8q8_matmul(self, x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """x [T, in] float32, quantised to 8 bits per group of 32 inside, @ W^T for W in Q8_0 blocks laid
+        out as kernels.c's q8q8_matmul takes them: q [out / 16, in / 32, 8, 16, 4] uint8 (q + 128),
+        scales [out / 16, in / 32, 16] float32 -> [T, out] float32."""
+        x = x.float().contiguous()
+        T, (blocks, groups) = x.shape[0], q.shape[:2]
+        y = torch.empty(T, blocks * 16)
+        if self._q8q8_matmul(x.data_ptr(), q.data_ptr(), scales.data_ptr(), y.data_ptr(), T, groups * 32, blocks * 16,
+                             torch.get_num_threads()):
+            raise MemoryError("8-bit product: no memory for the quantised activations")
+        return y
+
     def q4_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
         """x [T, in] bf16 @ W^T for W in Q4_1 groups laid out as kernels.c's q4_matmul takes them:
         q [out / 16, in / 4, 32] uint8, coef [out / 16, in / 32, 2, 16] float32 -> [T, out] bf16."""
@@ -160,6 +176,17 @@ class CKernels(TorchKernels):
             raise MemoryError("4-bit product: no memory for the group sums")
         return y
 
+    def q4q8_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+        """x [T, in] float32, quantised to 8 bits per group of 32 inside, @ W^T for W in Q4_1 groups laid
+        out as kernels.c's q4q8_matmul takes them: q [out / 16, in / 32, 8, 32] uint8, coef as q4f's."""
+        x = x.float().contiguous()
+        T, (blocks, groups) = x.shape[0], q.shape[:2]
+        y = torch.empty(T, blocks * 16)
+        if self._q4q8_matmul(x.data_ptr(), q.data_ptr(), coef.data_ptr(), y.data_ptr(), T, groups * 32, blocks * 16,
+                             torch.get_num_threads()):
+            raise MemoryError("4-bit product: no memory for the quantised activations")
+        return y
+
     def f32_matmul(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """x [T, in] float32 @ W^T for W laid out [out / 16, in, 16] float32 -> [T, out] float32."""
         x = x.float().contiguous()
@@ -168,17 +195,18 @@ class CKernels(TorchKernels):
         self._f32_matmul(x.data_ptr(), w.data_ptr(), y.data_ptr(), T, K, blocks * 16, torch.get_num_threads())
         return y
 
-
     def layers_q4f(self, x: torch.Tensor, weights: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
-                   sin: torch.Tensor, p0: int, hidden: int, eps: float) -> torch.Tensor:
-        """Every layer of a decode forward in one call (4-bit products, float32 activations): x [T, D]
+                   sin: torch.Tensor, p0: int, hidden: int, eps: float, int8_activations: bool) -> torch.Tensor:
+        """Every layer of a decode forward in one call (4-bit products, float32 residual stream, the
+        products' inputs quantised to 8 bits where `int8_activations`): x [T, D]
         float32 (updated in place and returned); weights [layers, 10] int64, the pointers kernels.c's
         layers_q4f names; k, v the whole cache [layers, Hkv, P, hd]; cos/sin [T, hd] of positions p0..."""
         T, D = x.shape
         cos, sin = cos.contiguous(), sin.contiguous()
         if self._layers_q4f(x.data_ptr(), T, weights.data_ptr(), weights.shape[0], k.data_ptr(), v.data_ptr(),
                             k.stride(0), k.stride(1), cos.data_ptr(), sin.data_ptr(), p0, D, self.heads,
-                            self.kv_heads, self.head_dim, hidden, eps, self.scale, torch.get_num_threads()):
+                            self.kv_heads, self.head_dim, hidden, eps, self.scale, int(int8_activations),
+                            torch.get_num_threads()):
             raise MemoryError("decode layers: no memory for the activations")
         return x
 

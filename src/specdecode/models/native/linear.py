@@ -39,7 +39,9 @@ class Linear:
         self.weights = [torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 1) if self.packed else w.contiguous()
                         for w in chunks]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out], in x's dtype
+        if self.packed and x.dtype != torch.bfloat16:  # a float32 stream through bf16 weights (w4a8's prefill)
+            return self(x.bfloat16()).to(x.dtype)
         if not self.packed:
             if self.row_invariant and x.shape[0] > 1:
                 return torch.cat([F.linear(row, self.weights[0]) for row in x.split(1)])
@@ -87,16 +89,18 @@ def _grid_values(w: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, low
 class Int4Linear:
     """y = x W^T with W held as 4-bit integers in groups of 32 inputs, each group with a scale and a
     minimum: w = scale * q + minimum, q in 0..15 (the GGUF Q4_1 block format): a quarter of the bf16
-    bytes, which is what a decode step is bound by. Three kernels:
+    bytes, which is what a decode step is bound by. Four kernels (`kind`):
 
-    - `kernels.c`'s `q4_matmul` (bf16 activations on AVX512-BF16 CPUs): unpacks each weight once per
-      call for up to 8 rows into bf16 and multiplies with the bf16 dot product. Over SmolLM2's 120
+    - `q4`: `kernels.c`'s `q4_matmul` (bf16 activations on AVX512-BF16 CPUs): unpacks each weight once
+      per call for up to 8 rows into bf16 and multiplies with the bf16 dot product. Over SmolLM2's 120
       block products, side by side with PyTorch's kernel: as fast for 1 row, 1.4x as fast for 4,
       1.75x for 8 and 16 (`benchmarks/results/int4_products.md`).
-    - `kernels.c`'s `q4f_matmul` (float32 activations, any C build: AVX2, portable): converts each
-      nibble to float32 once for every two rows, with d and m kept in the file's float16.
-    - where the plan has no C library, PyTorch's CPU kernel (`_weight_int4pack_mm_for_cpu`), which
-      unpacks the weights again for every 4 rows.
+    - `q4f`: `q4f_matmul` (float32 activations, any C build: AVX2, portable): converts each nibble to
+      float32 once for every two rows, with d and m kept in the file's float16.
+    - `q4q8`: `q4q8_matmul` (activations quantised to 8 bits per group of 32 inside the call, as
+      llama.cpp does): integer dot products, the same bits on every path (the `w4a8` precision).
+    - `torch`: where the plan has no C library, PyTorch's CPU kernel (`_weight_int4pack_mm_for_cpu`),
+      which unpacks the weights again for every 4 rows.
 
     `quantize` returns None unless the weight already is such a grid (every weight reproduced to
     within a thousandth of its group's step): a model dequantised from Q4_1 is run on its own
@@ -107,18 +111,20 @@ class Int4Linear:
     GROUP = 32
 
     def __init__(self, packed: torch.Tensor, coef: torch.Tensor, out_features: int, kernels=None,
-                 float_activations: bool = False) -> None:
+                 kind: str = "torch") -> None:
         self.packed, self.coef = packed, coef  # the kernel's layouts of q and of the groups' scales and minima
-        self.out_features, self.float_activations = out_features, float_activations
-        self.kernels = kernels  # with q4_matmul or q4f_matmul (float32 activations), else PyTorch's kernel
+        self.out_features, self.kind = out_features, kind
+        self.kernels = kernels  # with the `kind`_matmul product (None: PyTorch's kernel)
 
     @classmethod
-    def quantize(cls, weight: torch.Tensor, dtype: torch.dtype, kernels=None) -> Int4Linear | None:
+    def quantize(cls, weight: torch.Tensor, dtype: torch.dtype, kernels=None,
+                 int8_activations: bool = False) -> Int4Linear | None:
         """weight [out, in] (float) -> an Int4Linear holding exactly its values, or None. Runs through
+        `kernels.q4q8_matmul` where `int8_activations` (float32 `dtype`, kernels with `q4q8`), else
         `kernels.q4_matmul` where `kernels.q4` says it serves, `kernels.q4f_matmul` where `kernels.q4f`
-        does."""
+        does, else PyTorch's kernel."""
         N, K = weight.shape
-        if K % cls.GROUP or N % 16:  # both kernels take outputs 16 at a time
+        if K % cls.GROUP or N % 16:  # the kernels take outputs 16 at a time
             return None
         w = weight.float().view(N, K // cls.GROUP, cls.GROUP)
         low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)  # [N, K/G, 1]
@@ -128,46 +134,55 @@ class Int4Linear:
         if grid is None:
             return None
         q, scale = grid
+        q = q.to(torch.uint8)
+        # q4f's and q4q8's d, m: float16 [N/16, K/G, 2, 16], as the file holds them (half the bytes of a, b)
+        halves = lambda: torch.cat([scale, low], dim=-1).half().view(  # noqa: E731
+            N // 16, 16, K // cls.GROUP, 2).permute(0, 2, 3, 1).contiguous()
+        if int8_activations:
+            if not (getattr(kernels, "q4q8", False) and dtype == torch.float32):
+                raise ValueError("8-bit activations need the C kernels with float32 activations")
+            # q4q8_matmul's layout: per 16 outputs, group and chunk c of 4 inputs, 32 bytes:
+            # byte 4o + j = q[o, 4c + j] | q[o + 8, 4c + j] << 4 (o < 8)
+            t = q.view(N // 16, 2, 8, K // cls.GROUP, 8, 4).permute(0, 3, 4, 2, 5, 1)  # [blocks, group, c, o, j, half]
+            packed = (t[..., 0] | t[..., 1] << 4).reshape(N // 16, K // cls.GROUP, 8, 32).contiguous()
+            return cls(packed, halves(), N, kernels, kind="q4q8")
+        if getattr(kernels, "q4f", False) and dtype == torch.float32:
+            # q4f_matmul's layout: per 16 outputs and group, byte [i][o] = q[o, i] | q[o, i + 16] << 4
+            t = q.view(N // 16, 16, K // cls.GROUP, 2, 16)  # [blocks, o, group, high nibble?, i]
+            packed = (t[:, :, :, 0] | t[:, :, :, 1] << 4).permute(0, 2, 3, 1).contiguous()  # [blocks, group, i, o]
+            return cls(packed, halves(), N, kernels, kind="q4f")
         coef = torch.cat([16 * scale, low - 16 * scale], dim=-1)  # a = 16 d, b = m - 16 d: [N, K/G, 2]
         coef = coef.view(N // 16, 16, K // cls.GROUP, 2).permute(0, 2, 3, 1).contiguous()  # [N/16, K/G, 2, 16]
-        if getattr(kernels, "q4f", False) and dtype == torch.float32:
-            # q4f_matmul's layout: per 16 outputs and group, byte [i][o] = q[o, i] | q[o, i + 16] << 4, and
-            # d, m float16 [N/16, K/G, 2, 16]
-            q = q.to(torch.uint8).view(N // 16, 16, K // cls.GROUP, 2, 16)  # [blocks, o, group, high nibble?, i]
-            packed = (q[:, :, :, 0] | q[:, :, :, 1] << 4).permute(0, 2, 3, 1).contiguous()  # [blocks, group, i, o]
-            halves = torch.cat([scale, low], dim=-1).half()  # d and m as the file holds them: half the bytes of a, b
-            return cls(packed, halves.view(N // 16, 16, K // cls.GROUP, 2).permute(0, 2, 3, 1).contiguous(), N,
-                       kernels, float_activations=True)
         if getattr(kernels, "q4", False):
             # kernels.c's layout: per 16 outputs and 4 inputs 32 bytes, byte 2o + j = q[o, j] | q[o, j + 2] << 4
-            q = q.to(torch.uint8).view(N // 16, 16, K // 4, 2, 2)  # [blocks, o, chunk, high nibble?, j]
-            packed = (q[..., 0, :] | q[..., 1, :] << 4).transpose(1, 2).reshape(N // 16, K // 4, 32)  # o, j -> 2o + j
-            return cls(packed, coef, N, kernels)
+            t = q.view(N // 16, 16, K // 4, 2, 2)  # [blocks, o, chunk, high nibble?, j]
+            packed = (t[..., 0, :] | t[..., 1, :] << 4).transpose(1, 2).reshape(N // 16, K // 4, 32)  # o, j -> 2o + j
+            return cls(packed, coef, N, kernels, kind="q4")
         packed = torch._convert_weight_to_int4pack_for_cpu(q.view(N, K).to(torch.int32), 1)
         # PyTorch's kernel computes (q - 8) * scale + offset, with both in the activation dtype
         scales_zeros = torch.cat([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous().to(dtype)
         return cls(packed, scales_zeros, N)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
-        if self.float_activations:
-            return self.kernels.q4f_matmul(x, self.packed, self.coef)
-        if self.kernels is not None:
-            return self.kernels.q4_matmul(x, self.packed, self.coef)
-        return torch._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed, self.GROUP, self.coef)
+        if self.kind == "torch":
+            return torch._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed, self.GROUP, self.coef)
+        return getattr(self.kernels, f"{self.kind}_matmul")(x, self.packed, self.coef)
 
 
 class Q8Linear:
     """y = x W^T with W held as int8 in groups of 32 inputs, each with one scale: w = scale * q (the
     GGUF Q8_0 block format, in which SmolLM2's file stores its tied embedding / LM head). Runs
-    through `kernels.c` (`CKernels.q8_matmul`); float32 out. Like `Int4Linear.quantize`, `quantize`
-    returns None unless the weight already is such a grid, so nothing is requantised."""
+    through `kernels.c`: `q8_matmul` (float32 activations) or, with `int8_activations`, `q8q8_matmul`
+    (the activations quantised to 8 bits too; integer dot products). Float32 out. Like
+    `Int4Linear.quantize`, `quantize` returns None unless the weight already is such a grid, so
+    nothing is requantised."""
 
-    def __init__(self, q: torch.Tensor, scales: torch.Tensor, kernels) -> None:
-        self.q, self.scales, self.kernels = q, scales, kernels  # [out/16, in, 16] int8, [out/16, in/32, 16]
-        self.out_features = q.shape[0] * 16
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, kernels, kind: str = "q8") -> None:
+        self.q, self.scales, self.kernels, self.kind = q, scales, kernels, kind  # q, scales: the kernel's layouts
+        self.out_features = scales.shape[0] * 16
 
     @classmethod
-    def quantize(cls, weight: torch.Tensor, kernels) -> Q8Linear | None:
+    def quantize(cls, weight: torch.Tensor, kernels, int8_activations: bool = False) -> Q8Linear | None:
         """weight [out, in] (float) -> a Q8Linear holding exactly its values, or None."""
         N, K = weight.shape
         if K % 32 or N % 16 or not hasattr(kernels, "q8_matmul"):
@@ -178,8 +193,12 @@ class Q8Linear:
         if grid is None:
             return None
         q, scale = grid
-        q = q.to(torch.int8).view(N // 16, 16, K).transpose(1, 2).contiguous()
-        return cls(q, scale.view(N // 16, 16, K // 32).transpose(1, 2).contiguous(), kernels)
+        scales = scale.view(N // 16, 16, K // 32).transpose(1, 2).contiguous()  # [out/16, in/32, 16]
+        if int8_activations:  # q8q8_matmul: [out/16, in/32, 8, 16, 4] bytes, q + 128 (chunk c, output o, input 4c + j)
+            q = (q.to(torch.int16) + 128).to(torch.uint8).view(N // 16, 16, K // 32, 8, 4).permute(0, 2, 3, 1, 4)
+            return cls(q.contiguous(), scales, kernels, kind="q8q8")
+        q = q.to(torch.int8).view(N // 16, 16, K).transpose(1, 2).contiguous()  # [out/16, in, 16]
+        return cls(q, scales, kernels)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out] float32
-        return self.kernels.q8_matmul(x, self.q, self.scales)
+        return getattr(self.kernels, f"{self.kind}_matmul")(x, self.q, self.scales)

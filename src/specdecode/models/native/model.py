@@ -30,7 +30,8 @@ class NativeLlama:
 
     PREFILL_CHUNK = 256
 
-    DTYPES = ("auto", "int4", "bfloat16", "float32")
+    DTYPES = ("auto", "int4", "w4a8", "bfloat16", "float32")
+    QUANTISED = ("int4", "w4a8")  # 4-bit weights: float activations, or 8-bit ones (integer dot products)
 
     def __init__(self, directory: str | os.PathLike, dtype: str = "auto", name: str | None = None,
                  max_positions: int | None = 4096) -> None:
@@ -48,7 +49,6 @@ class NativeLlama:
                              "use --backend hf")
         if dtype not in self.DTYPES:
             raise ValueError(f"the native backend runs {', '.join(self.DTYPES)}, not {dtype!r}")
-        self.compute_dtype = torch.float32 if dtype == "float32" else activation_dtype()
         self.name = name or directory.name
         self.device = torch.device("cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
@@ -65,21 +65,32 @@ class NativeLlama:
         self.max_positions = min(limit, max_positions) if max_positions else limit
         theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
 
-        self.kernels = make_kernels(self.heads, self.kv_heads, self.head_dim, self.dim, self.compute_dtype)
         w = load_file(directory / "model.safetensors")
         products = [self._block_products(w, i) for i in range(self.layers)]
-        linears = self._int4(products, strict=dtype == "int4") if dtype in ("int4", "auto") else None
-        self.dtype = "int4" if linears else str(self.compute_dtype).removeprefix("torch.")
+        quantised = self._quantised_dtype(dtype)  # 8-bit activations: float32 between the products
+        self._use(torch.float32 if dtype == "float32" or quantised == "w4a8" else activation_dtype())
+        if quantised == "w4a8" and not self.kernels.q4q8:  # these shapes take PyTorch's ops
+            if dtype == "w4a8":
+                raise ValueError(f"--dtype w4a8 needs the C kernels, which do not serve {self.name}'s shapes")
+            quantised = "int4"
+            self._use(activation_dtype())
+        linears = self._int4(products, quantised, strict=dtype != "auto") if quantised else None
+        if linears is None and dtype == "auto" and self.compute_dtype != activation_dtype():
+            self._use(activation_dtype())  # not 4-bit groups: the widest fast float
+        self.dtype = quantised if linears else str(self.compute_dtype).removeprefix("torch.")
         # A prefill is compute-bound (each weight serves every prompt row): oneDNN's bf16 product runs a
-        # 256-row chunk ~2.8x faster than the int4 kernel, so the prompt goes through bf16 copies.
-        self.prefill_products = [{n: Linear(m.to(self.compute_dtype)) for n, m in b.items()} for b in products]
+        # 256-row chunk ~2.8x faster than the int4 kernel, so the prompt goes through bf16 copies where the
+        # path runs bf16 (w4a8 too: its float32 stream is cast for them; 512 tokens 0.48 s against 0.83 s).
+        prefill_dtype = activation_dtype() if self.dtype == "w4a8" else self.compute_dtype
+        self.prefill_products = [{n: Linear(m.to(prefill_dtype)) for n, m in b.items()} for b in products]
         if linears is None and self.compute_dtype == torch.float32:  # BLAS float32 rows depend on the row count
             linears = [{n: dense(m, torch.float32, self.kernels) for n, m in b.items()} for b in products]
         linears = linears or self.prefill_products
         del products
         head = w.get("lm_head.weight", w["model.embed_tokens.weight"])  # [V, D]
         # In 4-bit mode a head stored in 8-bit blocks (Q8_0) runs as such; else in the activation dtype.
-        self.head = (Q8Linear.quantize(head, self.kernels) if self.dtype == "int4" else None) or dense(
+        self.head = (Q8Linear.quantize(head, self.kernels, int8_activations=self.dtype == "w4a8")
+                     if self.dtype in self.QUANTISED else None) or dense(
             head, self.compute_dtype, self.kernels)
         g = lambda name: w[name].to(self.compute_dtype)  # noqa: E731  (the products are built already)
         self.embed = g("model.embed_tokens.weight")  # [V, D]
@@ -95,15 +106,33 @@ class NativeLlama:
         self.n_threads = torch.get_num_threads()
         self.layer_pointers = self._layer_pointers()
 
+    def _use(self, compute_dtype: torch.dtype) -> None:
+        self.compute_dtype = compute_dtype
+        self.kernels = make_kernels(self.heads, self.kv_heads, self.head_dim, self.dim, compute_dtype)
+
+    @staticmethod
+    def _quantised_dtype(dtype: str) -> str | None:
+        """Which 4-bit precision to try for `dtype`: the one asked for, or for "auto" 8-bit activations
+        where the kernel build has vector integer dot products (faster, and closer to the float32
+        reference than llama.cpp: README), else int4."""
+        plan, lib = kernel_plan()
+        if dtype == "w4a8" and lib is None:
+            raise ValueError(f"--dtype w4a8 needs the C kernels, and this kernel plan runs {plan}")
+        if dtype == "auto":
+            return "w4a8" if lib is not None and lib.q4q8_vector() else "int4"
+        return dtype if dtype in NativeLlama.QUANTISED else None
+
     def _layer_pointers(self) -> torch.Tensor | None:
         """The layers' weights as kernels.c's layers_q4f takes them ([layers, 10] int64 addresses of
-        tensors this model holds), where every product is 4-bit with float32 activations; else None."""
+        tensors this model holds), where every product is 4-bit with float32 activations (q4f) or 8-bit
+        ones (q4q8), all alike; else None."""
         if not isinstance(self.kernels, CKernels) or self.compute_dtype != torch.float32:
             return None
         rows = []
         for b in self.blocks:
             linears = [b[n] for n in ("qkv", "o", "gate_up", "down")]
-            if not all(isinstance(m, Int4Linear) and m.float_activations for m in linears):
+            kind = "q4q8" if self.dtype == "w4a8" else "q4f"
+            if not all(isinstance(m, Int4Linear) and m.kind == kind for m in linears):
                 return None
             rows.append([b["attn_norm"].data_ptr(), b["mlp_norm"].data_ptr()]
                         + [t.data_ptr() for m in linears for t in (m.packed, m.coef)])
@@ -117,14 +146,17 @@ class NativeLlama:
                     o=g("self_attn.o_proj"), gate_up=torch.cat([g("mlp.gate_proj"), g("mlp.up_proj")]),
                     down=g("mlp.down_proj"))
 
-    def _int4(self, products: list[dict[str, torch.Tensor]], strict: bool) -> list[dict[str, Int4Linear]] | None:
-        """Every block product as 4-bit groups, or None (an error if `strict`) if one is not such a grid."""
+    def _int4(self, products: list[dict[str, torch.Tensor]], dtype: str,
+              strict: bool) -> list[dict[str, Int4Linear]] | None:
+        """Every block product as 4-bit groups (`dtype` int4 or w4a8), or None (an error if `strict`) if
+        one is not such a grid."""
         linears = []
         for i, b in enumerate(products):
-            layer = {n: Int4Linear.quantize(m, self.compute_dtype, self.kernels) for n, m in b.items()}
+            layer = {n: Int4Linear.quantize(m, self.compute_dtype, self.kernels, int8_activations=dtype == "w4a8")
+                     for n, m in b.items()}
             missing = [n for n, linear in layer.items() if linear is None]
             if missing and strict:
-                raise ValueError(f"--dtype int4 runs a model on its own 4-bit weights, and layer {i}'s {missing[0]} "
+                raise ValueError(f"--dtype {dtype} runs a model on its own 4-bit weights, and layer {i}'s {missing[0]} "
                                  f"product of {self.name} is not 4-bit groups of {Int4Linear.GROUP} (as a GGUF "
                                  f"Q4_1 file's are): use --dtype bfloat16 or auto")
             if missing:
@@ -161,7 +193,8 @@ class NativeLlama:
         x = F.embedding(ids, self.embed)  # [T, D]
         if not prefill and self.layer_pointers is not None:  # the loop below in one C call
             hidden = self.blocks[0]["gate_up"].out_features // 2
-            x = self.kernels.layers_q4f(x, self.layer_pointers, cache.k, cache.v, cos, sin, p0, hidden, self.eps)
+            x = self.kernels.layers_q4f(x, self.layer_pointers, cache.k, cache.v, cos, sin, p0, hidden, self.eps,
+                                        int8_activations=self.dtype == "w4a8")
             cache.length = p0 + T
             return x
         for i, b in enumerate(self.blocks):
@@ -194,7 +227,7 @@ class NativeLlama:
     @property
     def kernel_plan(self) -> str:
         """Which kernels run: the path, the build's instruction set, the products, the threads."""
-        products = "4-bit" if self.dtype == "int4" else self.dtype
+        products = {"int4": "4-bit", "w4a8": "4-bit x 8-bit integer"}.get(self.dtype, self.dtype)
         return f"{self.kernels.plan}; {products} products, {self.compute_dtype_name} activations, {self.n_threads} threads"
 
     @property

@@ -142,14 +142,16 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     for name in ("rope_store_f32", "rope_store_bf16"):
         getattr(lib, name).restype = None
         getattr(lib, name).argtypes = [p] * 6 + [i32] * 4 + [ctypes.c_long, i32]
-    lib.q8_matmul.restype, lib.q8_matmul.argtypes = ctypes.c_int, [p] * 4 + [i32] * 4
-    lib.f32_matmul.restype, lib.f32_matmul.argtypes = None, [p] * 3 + [i32] * 4
-    for name in ("q4_matmul", "q4f_matmul"):
+    for name in ("q8_matmul", "q8q8_matmul"):
         getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, [p] * 4 + [i32] * 4
-    lib.q4_available.restype, lib.q4_available.argtypes = ctypes.c_int, []
+    lib.f32_matmul.restype, lib.f32_matmul.argtypes = None, [p] * 3 + [i32] * 4
+    for name in ("q4_matmul", "q4f_matmul", "q4q8_matmul"):
+        getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, [p] * 4 + [i32] * 4
+    for name in ("q4_available", "q4q8_vector"):
+        getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, []
     lib.layers_q4f.restype = ctypes.c_int
     lib.layers_q4f.argtypes = [p, i32, p, i32, p, p, ctypes.c_long, ctypes.c_long, p, p] + [i32] * 6 + [
-        ctypes.c_float] * 2 + [i32]
+        ctypes.c_float] * 2 + [i32] * 2
     return lib
 
 
