@@ -186,3 +186,31 @@ def test_a_step_with_nothing_to_verify_scores_the_shadow_proposal_like_the_verif
             assert len(new) == 1 and betas == pytest.approx([float(expected)], abs=1e-6)
     new, _, betas = _plain_step(logits, params, torch.Generator().manual_seed(1), None)
     assert betas == [] and (not params.is_greedy or new == [int(logits.argmax())])
+
+
+@pytest.mark.parametrize("with_probs", [False, True])
+def test_the_greedy_shortcut_gives_what_the_verifier_gives(with_probs):
+    """Greedy targets skip the verifier's full-vocabulary work; the outcome (tokens, accepted count,
+    betas) must be the verifier's, at any lenience, for point-mass drafts and drafts with a q."""
+    from specdecode.decode import _greedy_verify
+    from specdecode.drafters.base import Draft
+    from specdecode.verify import draft_acceptance, verify
+
+    gen = torch.Generator().manual_seed(3)
+    greedy = SamplingParams(temperature=0)
+    outcomes = set()
+    for trial in range(200):
+        g = 1 + trial % 4
+        logits = torch.randn(1, g + 1, 7, generator=gen)
+        best = logits[0].argmax(-1)
+        tokens = torch.where(torch.rand(g, generator=gen) < 0.6, best[:g], torch.randint(0, 7, (g,), generator=gen))
+        probs = torch.softmax(torch.randn(1, g, 7, generator=gen), -1) if with_probs else None
+        fast, n, betas = _greedy_verify(Draft(tokens.unsqueeze(0), probs), logits, greedy)
+        target = greedy.probs(logits)
+        verdict = verify(tokens.unsqueeze(0), probs, target, gen, lenience=0.5 if trial % 2 else 1.0)
+        kept = min(n + 1, g)
+        assert fast == verdict.emitted(0) and n == int(verdict.num_accepted[0])
+        assert betas == pytest.approx(draft_acceptance(tokens[:kept], None if probs is None else probs[0, :kept],
+                                                       target[0, :kept]).tolist())
+        outcomes.add(n)
+    assert outcomes == {0, 1, 2, 3, 4}  # every accepted count was exercised

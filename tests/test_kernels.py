@@ -114,12 +114,13 @@ def test_a_kernel_source_that_does_not_build_falls_back_with_the_compilers_messa
 
 def test_an_unknown_or_unrunnable_path_is_refused_by_name(monkeypatch):
     monkeypatch.setenv(plan.ENV, "avx9000")
-    with pytest.raises(ValueError, match="not a kernel path; choose one of auto, avx512, avx2, portable, torch"):
+    with pytest.raises(ValueError, match="not a kernel path; choose one of auto, avx512, avx2, neon, portable, torch"):
         plan.kernel_plan()
-    if "avx512" not in plan.runnable_paths():
-        monkeypatch.setenv(plan.ENV, "avx512")
-        with pytest.raises(plan.BuildError, match="cannot run the avx512 path"):
-            plan.kernel_plan()
+    for path in ("avx512", "neon"):
+        if path not in plan.runnable_paths():
+            monkeypatch.setenv(plan.ENV, path)
+            with pytest.raises(plan.BuildError, match=f"cannot run the {path} path"):
+                plan.kernel_plan()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -265,3 +266,9 @@ def test_int8_activation_products_give_the_portable_bits_rows_alone_within_the_r
         assert torch.equal(y, alone) and all(torch.equal(linear(x[:rows]), y[:rows]) for rows in range(2, 16))
     with pytest.raises(ValueError, match="8-bit activations need the C kernels"):
         Int4Linear.quantize(q4_grid(96, 576, gen), torch.float32, TorchKernels(H, HKV, HD), int8_activations=True)
+
+
+def test_the_clis_kernel_choices_are_the_plans_paths():
+    from specdecode.cli import KERNEL_PATHS
+
+    assert KERNEL_PATHS == plan.PATHS

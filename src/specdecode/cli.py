@@ -10,6 +10,8 @@ import sys
 
 from .drafters.spec import LOOKUP
 
+KERNEL_PATHS = ("avx512", "avx2", "neon", "portable", "torch")  # models/native/plan.py's PATHS (that imports torch)
+
 
 def _gamma_arg(value: str):
     if value == "auto":
@@ -46,12 +48,13 @@ def _model_options(with_draft: bool = True) -> argparse.ArgumentParser:
                             help="a draft model stops proposing when its top probability falls below this "
                                  "(default 0: always propose gamma tokens)")
     common.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's setting)")
-    common.add_argument("--kernels", default=None, choices=["auto", "avx512", "avx2", "portable", "torch"],
+    common.add_argument("--kernels", default=None, choices=["auto", *KERNEL_PATHS],
                         help="the native backend's kernel path (default: $SPECDECODE_KERNELS, else the best this "
                              "CPU runs; `specdecode info` shows the plan)")
     common.add_argument("--dtype", default="auto",
                         help="auto (default: on the native backend 4-bit products where the weights are 4-bit "
-                             "groups, as a Q4_1 GGUF's are, else bfloat16), int4 (native only), bfloat16 or float32")
+                             "groups, as a Q4_1 GGUF's are, with 8-bit activations (w4a8) where the CPU has vector "
+                             "integer dot products, else bfloat16), int4 or w4a8 (native only), bfloat16 or float32")
     common.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     return common
 

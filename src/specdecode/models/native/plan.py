@@ -5,11 +5,13 @@ Paths, best first:
   AVX512-BF16 the activations are bf16 and the 4-bit products use the bf16 dot product.
 - `avx2`: built for AVX2 + FMA + F16C (`-march=native -mno-avx512f` on x86, so an AVX-512 host runs
   exactly what an AVX2 host would): float32 activations, 4-bit products unpacked in integer ops.
-- `portable`: built with no instruction-set flags (SSE2 on x86-64, the base NEON of aarch64): the
+- `neon`: aarch64 with the dot-product extension (`-march=armv8.2-a+dotprod`; every Apple silicon
+  CPU, Graviton 2 and later, Ampere): the integer products on `sdot`, the rest in vector C.
+- `portable`: built with no instruction-set flags (SSE2 on x86-64, ARMv8.0's NEON on aarch64): the
   reference the fast paths are tested against.
 - `torch`: no C library; PyTorch ops (slower, exact too).
 
-`SPECDECODE_KERNELS=avx512|avx2|portable|torch` (or the CLI's `--kernels`) forces a path: a path
+`SPECDECODE_KERNELS=avx512|avx2|neon|portable|torch` (or the CLI's `--kernels`) forces a path: a path
 this CPU or compiler cannot run is then an error, never a silent fallback. Without it the best path
 is built; if that build fails, the next is tried and the reason is kept in the plan (and warned).
 """
@@ -31,7 +33,7 @@ from pathlib import Path
 from ..files import cache_root
 
 SOURCE = Path(__file__).with_name("kernels.c")
-PATHS = ("avx512", "avx2", "portable", "torch")
+PATHS = ("avx512", "avx2", "neon", "portable", "torch")
 COMMON_FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-Wno-psabi"]
 ENV = "SPECDECODE_KERNELS"
 
@@ -71,6 +73,10 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def _arm() -> bool:
+    return platform.machine().lower() in ("aarch64", "arm64")
+
+
 def runnable_paths() -> list[str]:
     """The paths this CPU can run, best first."""
     flags, x86 = cpu_flags(), platform.machine().lower() in ("x86_64", "amd64")
@@ -79,6 +85,8 @@ def runnable_paths() -> list[str]:
         paths.append("avx512")
     if x86 and {"avx2", "fma", "f16c"} <= flags:
         paths.append("avx2")
+    if _arm() and ("asimddp" in flags or platform.system() == "Darwin"):  # every Apple silicon CPU has sdot
+        paths.append("neon")
     return paths + ["portable", "torch"]
 
 
@@ -93,7 +101,9 @@ def path_flags(path: str) -> list[str]:
         return ["-march=native"]
     if path == "avx2":
         return ["-march=native", "-mno-avx512f"] if "avx2" in cpu_flags() else ["-mavx2", "-mfma", "-mf16c"]
-    return [] if x86 else ["-march=native"]  # portable: the architecture's baseline
+    if path == "neon":
+        return ["-march=armv8.2-a+dotprod"]
+    return [] if x86 else ["-march=armv8-a"] if _arm() else ["-march=native"]  # portable: the baseline
 
 
 class BuildError(RuntimeError):
@@ -125,7 +135,8 @@ def build(path: str, compiler: str) -> Path:
 
 
 def _expected_isa(path: str) -> tuple[str, ...]:
-    return {"avx512": ("avx512-bf16", "avx512"), "avx2": ("avx2-fma",), "portable": ("portable", "aarch64")}[path]
+    return {"avx512": ("avx512-bf16", "avx512"), "avx2": ("avx2-fma",), "neon": ("neon-dotprod",),
+            "portable": ("portable", "aarch64")}[path]
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
