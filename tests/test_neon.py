@@ -1,8 +1,9 @@
 """The aarch64 paths under emulation: tests/kernels_driver.c with kernels.c cross-compiled twice, for
 the `neon` path (ARMv8.2 with the dot-product extension: sdot integer products) and the `portable`
-one (ARMv8.0), both run by qemu-user. Each build must compute every row the same alone as in a
-batch; the integer products must give the same bits on both; and the float operations too, which
-on aarch64 are the same C compiled with and without the extension."""
+one (ARMv8.0, without OpenMP: the library's own thread pool), both run by qemu-user on two
+threads. Each build must compute every row the same alone as in a batch; the integer products
+must give the same bits on both; and the float operations too, which on aarch64 are the same C
+compiled with and without the extension."""
 
 import shutil
 import subprocess
@@ -36,13 +37,15 @@ def run_build(tmp_path, name: str, march: str, openmp: bool = True) -> dict[str,
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
+    """The neon build with OpenMP, the portable one without (its own thread pool, two threads)."""
     tmp = tmp_path_factory.mktemp("aarch64")
-    return run_build(tmp, "neon", "armv8.2-a+dotprod"), run_build(tmp, "portable", "armv8-a")
+    return run_build(tmp, "neon", "armv8.2-a+dotprod"), run_build(tmp, "portable", "armv8-a", openmp=False)
 
 
 def test_the_neon_and_portable_builds_say_what_they_are(builds):
     neon, portable = builds
     assert neon["isa"] == "neon-dotprod" and portable["isa"] == "aarch64"
+    assert neon["threading"] == "openmp" and portable["threading"] == "pthreads"
 
 
 def test_the_neon_integer_products_give_the_portable_bits(builds):
@@ -53,6 +56,6 @@ def test_the_neon_integer_products_give_the_portable_bits(builds):
 
 def test_every_other_kernel_gives_the_same_bits_with_and_without_the_extension(builds):
     neon, portable = builds
-    others = set(neon) - {"isa", "q4q8_matmul", "q8q8_matmul"}
+    others = set(neon) - {"isa", "threading", "q4q8_matmul", "q8q8_matmul"}
     assert len(others) == 7
     assert [n for n in sorted(others) if neon[n] != portable[n]] == []

@@ -378,7 +378,7 @@ def cmd_info(args) -> int:
                 "asimddp")
     result = dict(cpu=cpu_name(), features=[f for f in features if f in cpu_flags()],
                   kernel_paths=runnable_paths(), kernel_plan=dict(path=plan.path, isa=plan.isa, reason=plan.reason,
-                                                                   library=plan.library),
+                                                                   library=plan.library, threading=plan.threading),
                   versions=versions, model=target.name, backend=getattr(target, "backend", "hf"),
                   backend_reason=choice.reason if choice else f"--backend {args.backend}",
                   measured={name: dict(step_ms=choice.step_ms[name], verify_8=choice.verify_8[name],

@@ -48,6 +48,140 @@ const char *kernels_isa(void) {
 }
 #define MAX_HEAD_DIM 256
 
+/* parallel_for(n, threads, fn, ctx): fn(ctx, i) for i in 0..n-1 on `threads` threads, split into
+ * contiguous shares (OpenMP's schedule(static)). Through OpenMP where the compiler has it; else
+ * through a pool of threads - 1 workers started on first use and kept (Apple's clang ships no
+ * OpenMP: a build without it still uses every core it is given, never one silently). Each index's
+ * work is the same whichever thread runs it, so results do not depend on the thread count. */
+typedef void (*index_fn)(void *ctx, int i);
+
+static void run_share(int part, int parts, int n, index_fn fn, void *ctx) {
+    int base = n / parts, extra = n % parts, begin = part * base + (part < extra ? part : extra);
+    for (int i = begin, end = begin + base + (part < extra); i < end; i++) fn(ctx, i);
+}
+
+#if defined(_OPENMP)
+#include <omp.h>
+const char *kernels_threading(void) { return "openmp"; }
+int kernels_pool_workers(void) { return 0; }
+
+static void parallel_for(int n, int threads, index_fn fn, void *ctx) {
+#pragma omp parallel num_threads(threads)
+    run_share(omp_get_thread_num(), omp_get_num_threads(), n, fn, ctx);
+}
+#else
+#include <pthread.h>
+#include <stdatomic.h>
+const char *kernels_threading(void) { return "pthreads"; }
+
+/* Workers wait for a call spinning for a while (a decode step makes ~150 calls microseconds apart;
+ * waking a sleeping thread costs ~20 us each), then sleep on a condition variable. */
+enum { SPINS = 20000 };
+
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+static struct {
+    pthread_mutex_t call, lock; /* call: one parallel_for at a time; lock: sleeping and waking */
+    pthread_cond_t wake;
+    int workers, sleepers;      /* under lock */
+    int parts, n;               /* this call's, written before `round` moves */
+    index_fn fn;
+    void *ctx;
+    atomic_ulong round;         /* one per call: each worker runs each round once */
+    atomic_int remaining;       /* workers still on this round */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+
+typedef struct {
+    int part;
+    unsigned long seen;
+} worker_t;
+
+static void *pool_worker(void *arg) {
+    worker_t self = *(worker_t *)arg;
+    free(arg);
+    for (;;) {
+        unsigned long round;
+        int spins = 0;
+        while ((round = atomic_load(&pool.round)) == self.seen && spins < SPINS) relax(), spins++;
+        if (round == self.seen) {
+            pthread_mutex_lock(&pool.lock);
+            pool.sleepers++;
+            while ((round = atomic_load(&pool.round)) == self.seen) pthread_cond_wait(&pool.wake, &pool.lock);
+            pool.sleepers--;
+            pthread_mutex_unlock(&pool.lock);
+        }
+        self.seen = round;
+        if (self.part < pool.parts) run_share(self.part, pool.parts, pool.n, pool.fn, pool.ctx);
+        atomic_fetch_sub(&pool.remaining, 1);
+    }
+    return NULL;
+}
+
+/* the pool's worker threads started so far */
+int kernels_pool_workers(void) {
+    pthread_mutex_lock(&pool.lock);
+    int workers = pool.workers;
+    pthread_mutex_unlock(&pool.lock);
+    return workers;
+}
+
+/* A forked child has none of the parent's threads: it starts its own pool. */
+static void pool_after_fork(void) {
+    pool.workers = pool.sleepers = 0;
+    pthread_mutex_init(&pool.call, NULL);
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+}
+static void pool_register(void) { pthread_atfork(NULL, NULL, pool_after_fork); }
+
+static void parallel_for(int n, int threads, index_fn fn, void *ctx) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    if (threads < 2 || n < 2) {
+        run_share(0, 1, n, fn, ctx);
+        return;
+    }
+    pthread_once(&once, pool_register);
+    pthread_mutex_lock(&pool.call);
+    pthread_mutex_lock(&pool.lock);
+    while (pool.workers < threads - 1) { /* a worker that cannot start leaves its share to the others */
+        worker_t *w = malloc(sizeof *w);
+        pthread_t thread;
+        if (!w) break;
+        *w = (worker_t){pool.workers + 1, atomic_load(&pool.round)};
+        if (pthread_create(&thread, NULL, pool_worker, w)) {
+            free(w);
+            break;
+        }
+        pthread_detach(thread);
+        pool.workers++;
+    }
+    const int parts = pool.workers + 1 < threads ? pool.workers + 1 : threads;
+    pthread_mutex_unlock(&pool.lock);
+    pool.parts = parts, pool.n = n, pool.fn = fn, pool.ctx = ctx;
+    atomic_store(&pool.remaining, pool.workers);
+    atomic_fetch_add(&pool.round, 1); /* publishes the fields above (sequentially consistent) */
+    pthread_mutex_lock(&pool.lock);   /* a worker that checked `round` before it moved is asleep or about to be */
+    if (pool.sleepers) pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.lock);
+    run_share(0, parts, n, fn, ctx);
+    while (atomic_load(&pool.remaining) > 0) relax();
+    pthread_mutex_unlock(&pool.call);
+}
+#endif
+
+/* A product's arguments, for its per-block function (16 outputs at a time) run by parallel_for. */
+typedef struct {
+    const void *x, *q, *coef, *extra; /* extra: the rows' group sums, or their quantised activations */
+    void *y;
+    int rows, in, out, failed;
+} product_t;
+
 static inline float load_f32(float x) { return x; }
 
 static inline float load_bf16(uint16_t x) {
@@ -412,25 +546,36 @@ DEFINE_SILU_MUL(silu_mul_f32, float, load_f32, store_f32)
 DEFINE_SILU_MUL(silu_mul_bf16, uint16_t, load_bf16, store_bf16)
 #endif
 
+typedef struct {
+    const float *q;
+    const void *k, *v;
+    void *out;
+    int heads, group, head_dim, first_length, failed;
+    long kv_stride;
+    float scale;
+} attention_t;
+
 #define DEFINE_ATTEND(NAME, T, ONE)                                                              \
+    static void NAME##_item(void *ctx, int item) { /* one (position, head) */                    \
+        attention_t *a = ctx;                                                                    \
+        int t = item / a->heads, h = item % a->heads, length = a->first_length + t;              \
+        float *scores = malloc(sizeof(float) * ((length + 15) & ~15)); /* see attend_one */       \
+        if (!scores) {                                                                           \
+            a->failed = 1;                                                                       \
+            return;                                                                              \
+        }                                                                                        \
+        long kv = (long)(h / a->group) * a->kv_stride;                                           \
+        ONE(a->q + (long)item * a->head_dim, (const T *)a->k + kv, (const T *)a->v + kv,         \
+            (T *)a->out + (long)item * a->head_dim, length, a->head_dim, a->scale, scores);      \
+        free(scores);                                                                            \
+    }                                                                                            \
     int NAME(const float *q, const T *k, const T *v, T *out, int queries, int heads,             \
              int kv_heads, int head_dim, long kv_stride, int first_length, float scale,          \
              int threads) {                                                                      \
-        int group = heads / kv_heads, failed = 0;                                                \
-        _Pragma("omp parallel for num_threads(threads) schedule(static)")                        \
-        for (int item = 0; item < queries * heads; item++) {                                     \
-            int t = item / heads, h = item % heads, length = first_length + t;                   \
-            float *scores = malloc(sizeof(float) * ((length + 15) & ~15)); /* see attend_one */   \
-            if (!scores) {                                                                       \
-                failed = 1;                                                                      \
-                continue;                                                                        \
-            }                                                                                    \
-            long kv = (long)(h / group) * kv_stride;                                             \
-            ONE(q + (long)item * head_dim, k + kv, v + kv, out + (long)item * head_dim, length,  \
-                head_dim, scale, scores);                                                        \
-            free(scores);                                                                        \
-        }                                                                                        \
-        return failed;                                                                           \
+        attention_t a = {q, k, v, out, heads, heads / kv_heads, head_dim, first_length, 0,       \
+                         kv_stride, scale};                                                      \
+        parallel_for(queries * heads, threads, NAME##_item, &a);                                 \
+        return a.failed;                                                                         \
     }
 
 DEFINE_ATTEND(attend_f32, float, attend_one_f32)
@@ -504,16 +649,21 @@ static inline __attribute__((always_inline)) void q8_rows(const float *x, const 
 }
 
 #if !(defined(__AVX2__) && defined(__FMA__))
+static void q8_block(void *ctx, int nb) {
+    const product_t *p = ctx;
+    const int in = p->in, out = p->out, rows = p->rows;
+    const int8_t *qb = (const int8_t *)p->q + (long)nb * in * 16;
+    const float *x = p->x, *sb = (const float *)p->coef + (long)nb * (in / 32) * 16;
+    float *y = p->y;
+#define Q8_CALL(R) q8_rows(x, qb, sb, y, in, out, nb, r0, rows, R)
+    FOR_ROW_CHUNKS(rows, Q8_CALL)
+#undef Q8_CALL
+}
+
 int q8_matmul(const float *x, const int8_t *q, const float *scales, float *y, int rows, int in, int out,
               int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int nb = 0; nb < out / 16; nb++) {
-        const int8_t *qb = q + (long)nb * in * 16;
-        const float *sb = scales + (long)nb * (in / 32) * 16;
-#define Q8_CALL(R) q8_rows(x, qb, sb, y, in, out, nb, r0, rows, R)
-        FOR_ROW_CHUNKS(rows, Q8_CALL)
-#undef Q8_CALL
-    }
+    product_t p = {x, q, scales, NULL, y, rows, in, out, 0};
+    parallel_for(out / 16, threads, q8_block, &p);
     return 0;
 }
 #endif
@@ -537,14 +687,19 @@ static inline __attribute__((always_inline)) void f32_rows(const float *x, const
 }
 
 #if !(defined(__AVX2__) && defined(__FMA__))
-void f32_matmul(const float *x, const float *w, float *y, int rows, int in, int out, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int nb = 0; nb < out / 16; nb++) {
-        const float *wb = w + (long)nb * in * 16;
+static void f32_block(void *ctx, int nb) {
+    const product_t *p = ctx;
+    const int in = p->in, out = p->out, rows = p->rows;
+    const float *x = p->x, *wb = (const float *)p->q + (long)nb * in * 16;
+    float *y = p->y;
 #define F32_CALL(R) f32_rows(x, wb, y, in, out, nb, r0, rows, R)
-        FOR_ROW_CHUNKS(rows, F32_CALL)
+    FOR_ROW_CHUNKS(rows, F32_CALL)
 #undef F32_CALL
-    }
+}
+
+void f32_matmul(const float *x, const float *w, float *y, int rows, int in, int out, int threads) {
+    product_t p = {x, w, NULL, NULL, y, rows, in, out, 0};
+    parallel_for(out / 16, threads, f32_block, &p);
 }
 #endif
 
@@ -719,21 +874,30 @@ static int q4f_block(const float *x, const uint8_t *qb, const uint16_t *cb, cons
     return product_block(x, qb, (const float *)cb, sums, y, rows, in, out, nb, Q4F);
 }
 
+static void f32_block(void *ctx, int nb) {
+    const product_t *p = ctx;
+    product_block(p->x, (const uint8_t *)((const float *)p->q + (long)nb * p->in * 16), NULL, NULL, p->y, p->rows,
+                  p->in, p->out, nb, F32);
+}
+
 void f32_matmul(const float *x, const float *w, float *y, int rows, int in, int out, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int nb = 0; nb < out / 16; nb++)
-        product_block(x, (const uint8_t *)(w + (long)nb * in * 16), NULL, NULL, y, rows, in, out, nb, F32);
+    product_t p = {x, w, NULL, NULL, y, rows, in, out, 0};
+    parallel_for(out / 16, threads, f32_block, &p);
+}
+
+static void q8_block(void *ctx, int nb) {
+    product_t *p = ctx;
+    if (product_block(p->x, (const uint8_t *)p->q + (long)nb * p->in * 16,
+                      (const float *)p->coef + (long)nb * (p->in / 32) * 16, NULL, p->y, p->rows, p->in, p->out, nb,
+                      Q8))
+        p->failed = 1;
 }
 
 int q8_matmul(const float *x, const int8_t *q, const float *scales, float *y, int rows, int in, int out,
               int threads) {
-    int failed = 0;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int nb = 0; nb < out / 16; nb++)
-        if (product_block(x, (const uint8_t *)q + (long)nb * in * 16, scales + (long)nb * (in / 32) * 16, NULL, y,
-                          rows, in, out, nb, Q8))
-            failed = 1;
-    return failed;
+    product_t p = {x, q, scales, NULL, y, rows, in, out, 0};
+    parallel_for(out / 16, threads, q8_block, &p);
+    return p.failed;
 }
 #else
 static int q4f_block(const float *x, const uint8_t *qb, const uint16_t *cb, const float *sums, float *y, int rows,
@@ -745,16 +909,21 @@ static int q4f_block(const float *x, const uint8_t *qb, const uint16_t *cb, cons
 }
 #endif
 
+static void q4f_blocks(void *ctx, int nb) {
+    product_t *p = ctx;
+    if (q4f_block(p->x, (const uint8_t *)p->q + (long)nb * p->in * 8, (const uint16_t *)p->coef + (long)nb * (p->in / 32) * 32,
+                  p->extra, p->y, p->rows, p->in, p->out, nb))
+        p->failed = 1;
+}
+
 int q4f_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y, int rows, int in, int out,
                int threads) {
-    int groups = in / 32, failed = 0;
     float *sums = group_sums_f32(x, rows, in);
     if (!sums) return 1;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int nb = 0; nb < out / 16; nb++)
-        if (q4f_block(x, q + (long)nb * in * 8, coef + (long)nb * groups * 32, sums, y, rows, in, out, nb)) failed = 1;
+    product_t p = {x, q, coef, sums, y, rows, in, out, 0};
+    parallel_for(out / 16, threads, q4f_blocks, &p);
     free(sums);
-    return failed;
+    return p.failed;
 }
 
 /* y = x W^T for Q4_1 weights (w = d q + m, q in 0..15, groups of 32 inputs) with the activations
@@ -1007,14 +1176,18 @@ int q4q8_vector(void) {
 #endif
 }
 
+static void q4q8_blocks(void *ctx, int nb) {
+    const product_t *p = ctx;
+    q4q8_block(p->extra, (const uint8_t *)p->q + (long)nb * p->in * 8,
+               (const uint16_t *)p->coef + (long)nb * (p->in / 32) * 32, p->y, p->rows, p->in, p->out, nb);
+}
+
 int q4q8_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y, int rows, int in, int out,
                 int threads) {
-    const int groups = in / 32;
     q8_rows_t a;
     if (quantize_q8(x, rows, in, &a)) return 1;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int nb = 0; nb < out / 16; nb++)
-        q4q8_block(&a, q + (long)nb * in * 8, coef + (long)nb * groups * 32, y, rows, in, out, nb);
+    product_t p = {x, q, coef, &a, y, rows, in, out, 0};
+    parallel_for(out / 16, threads, q4q8_blocks, &p);
     free(a.q), free(a.d);
     return 0;
 }
@@ -1156,32 +1329,37 @@ static void q8q8_rows(const q8_rows_t *a, const uint8_t *qb, const float *sb, fl
 #define Q8Q8_ROWS 1
 #endif
 
-int q8q8_matmul(const float *x, const uint8_t *q, const float *scales, float *y, int rows, int in, int out,
-                int threads) {
-    const int groups = in / 32;
-    q8_rows_t a;
-    if (quantize_q8(x, rows, in, &a)) return 1;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int nb = 0; nb < out / 16; nb++) {
-        const uint8_t *qb = q + (long)nb * in * 16;
-        const float *sb = scales + (long)nb * groups * 16;
-        for (int r0 = 0; r0 < rows; r0 += Q8Q8_ROWS) {
-            switch (rows - r0 >= Q8Q8_ROWS ? Q8Q8_ROWS : rows - r0) {
+static void q8q8_blocks(void *ctx, int nb) {
+    const product_t *p = ctx;
+    const q8_rows_t *a = p->extra;
+    const int in = p->in, out = p->out, rows = p->rows;
+    const uint8_t *qb = (const uint8_t *)p->q + (long)nb * in * 16;
+    const float *sb = (const float *)p->coef + (long)nb * (in / 32) * 16;
+    float *y = p->y;
+    for (int r0 = 0; r0 < rows; r0 += Q8Q8_ROWS) {
+        switch (rows - r0 >= Q8Q8_ROWS ? Q8Q8_ROWS : rows - r0) {
 #if Q8Q8_ROWS == 8
-            case 8: q8q8_rows(&a, qb, sb, y, in, out, nb, r0, 8); break;
-            case 7: q8q8_rows(&a, qb, sb, y, in, out, nb, r0, 7); break;
-            case 6: q8q8_rows(&a, qb, sb, y, in, out, nb, r0, 6); break;
-            case 5: q8q8_rows(&a, qb, sb, y, in, out, nb, r0, 5); break;
+        case 8: q8q8_rows(a, qb, sb, y, in, out, nb, r0, 8); break;
+        case 7: q8q8_rows(a, qb, sb, y, in, out, nb, r0, 7); break;
+        case 6: q8q8_rows(a, qb, sb, y, in, out, nb, r0, 6); break;
+        case 5: q8q8_rows(a, qb, sb, y, in, out, nb, r0, 5); break;
 #endif
 #if Q8Q8_ROWS >= 4
-            case 4: q8q8_rows(&a, qb, sb, y, in, out, nb, r0, 4); break;
-            case 3: q8q8_rows(&a, qb, sb, y, in, out, nb, r0, 3); break;
-            case 2: q8q8_rows(&a, qb, sb, y, in, out, nb, r0, 2); break;
+        case 4: q8q8_rows(a, qb, sb, y, in, out, nb, r0, 4); break;
+        case 3: q8q8_rows(a, qb, sb, y, in, out, nb, r0, 3); break;
+        case 2: q8q8_rows(a, qb, sb, y, in, out, nb, r0, 2); break;
 #endif
-            default: q8q8_rows(&a, qb, sb, y, in, out, nb, r0, 1);
-            }
+        default: q8q8_rows(a, qb, sb, y, in, out, nb, r0, 1);
         }
     }
+}
+
+int q8q8_matmul(const float *x, const uint8_t *q, const float *scales, float *y, int rows, int in, int out,
+                int threads) {
+    q8_rows_t a;
+    if (quantize_q8(x, rows, in, &a)) return 1;
+    product_t p = {x, q, scales, &a, y, rows, in, out, 0};
+    parallel_for(out / 16, threads, q8q8_blocks, &p);
     free(a.q), free(a.d);
     return 0;
 }
@@ -1249,32 +1427,37 @@ static inline __attribute__((always_inline)) void q4_rows(const uint16_t *x, con
                             (__m256i)_mm512_cvtneps_pbh(acc[r]));
 }
 
-int q4_matmul(const uint16_t *x, const uint8_t *q, const float *coef, uint16_t *y, int rows, int in, int out,
-              int threads) {
-    int blocks = out / 16, groups = in / 32;
-    float *sums = group_sums_bf16(x, rows, in);
-    if (!sums) return 1;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int nb = 0; nb < blocks; nb++) {
-        const uint8_t *qb = q + (long)nb * in * 8;
-        const float *cb = coef + (long)nb * groups * 32;
-        for (int r0 = 0; r0 < rows;) {
-            int left = rows - r0;
-            if (left > 4) {
-                q4_rows(x, qb, cb, sums, y, in, out, nb, r0, rows, 8);
-                r0 += 8;
-            } else if (left > 2) {
-                q4_rows(x, qb, cb, sums, y, in, out, nb, r0, rows, 4);
-                r0 += 4;
-            } else if (left == 2) {
-                q4_rows(x, qb, cb, sums, y, in, out, nb, r0, rows, 2);
-                r0 += 2;
-            } else {
-                q4_rows(x, qb, cb, sums, y, in, out, nb, r0, rows, 1);
-                r0 += 1;
-            }
+static void q4_blocks(void *ctx, int nb) {
+    const product_t *p = ctx;
+    const int in = p->in, out = p->out, rows = p->rows;
+    const uint16_t *x = p->x;
+    const uint8_t *qb = (const uint8_t *)p->q + (long)nb * in * 8;
+    const float *cb = (const float *)p->coef + (long)nb * (in / 32) * 32, *sums = p->extra;
+    uint16_t *y = p->y;
+    for (int r0 = 0; r0 < rows;) {
+        int left = rows - r0;
+        if (left > 4) {
+            q4_rows(x, qb, cb, sums, y, in, out, nb, r0, rows, 8);
+            r0 += 8;
+        } else if (left > 2) {
+            q4_rows(x, qb, cb, sums, y, in, out, nb, r0, rows, 4);
+            r0 += 4;
+        } else if (left == 2) {
+            q4_rows(x, qb, cb, sums, y, in, out, nb, r0, rows, 2);
+            r0 += 2;
+        } else {
+            q4_rows(x, qb, cb, sums, y, in, out, nb, r0, rows, 1);
+            r0 += 1;
         }
     }
+}
+
+int q4_matmul(const uint16_t *x, const uint8_t *q, const float *coef, uint16_t *y, int rows, int in, int out,
+              int threads) {
+    float *sums = group_sums_bf16(x, rows, in);
+    if (!sums) return 1;
+    product_t p = {x, q, coef, sums, y, rows, in, out, 0};
+    parallel_for(out / 16, threads, q4_blocks, &p);
     free(sums);
     return 0;
 }
