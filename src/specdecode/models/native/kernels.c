@@ -550,30 +550,32 @@ typedef struct {
     const float *q;
     const void *k, *v;
     void *out;
-    int heads, group, head_dim, first_length, failed;
+    int queries, heads, group, head_dim, first_length, failed;
     long kv_stride;
     float scale;
 } attention_t;
 
 #define DEFINE_ATTEND(NAME, T, ONE)                                                              \
-    static void NAME##_item(void *ctx, int item) { /* one (position, head) */                    \
+    static void NAME##_item(void *ctx, int item) { /* one (head, position): a head's positions   \
+                                                       in turn, its keys and values still cached */ \
         attention_t *a = ctx;                                                                    \
-        int t = item / a->heads, h = item % a->heads, length = a->first_length + t;              \
+        int h = item / a->queries, t = item % a->queries, length = a->first_length + t;          \
         float *scores = malloc(sizeof(float) * ((length + 15) & ~15)); /* see attend_one */       \
         if (!scores) {                                                                           \
             a->failed = 1;                                                                       \
             return;                                                                              \
         }                                                                                        \
         long kv = (long)(h / a->group) * a->kv_stride;                                           \
-        ONE(a->q + (long)item * a->head_dim, (const T *)a->k + kv, (const T *)a->v + kv,         \
-            (T *)a->out + (long)item * a->head_dim, length, a->head_dim, a->scale, scores);      \
+        long at = ((long)t * a->heads + h) * a->head_dim;                                        \
+        ONE(a->q + at, (const T *)a->k + kv, (const T *)a->v + kv, (T *)a->out + at, length,     \
+            a->head_dim, a->scale, scores);                                                      \
         free(scores);                                                                            \
     }                                                                                            \
     int NAME(const float *q, const T *k, const T *v, T *out, int queries, int heads,             \
              int kv_heads, int head_dim, long kv_stride, int first_length, float scale,          \
              int threads) {                                                                      \
-        attention_t a = {q, k, v, out, heads, heads / kv_heads, head_dim, first_length, 0,       \
-                         kv_stride, scale};                                                      \
+        attention_t a = {q, k, v, out, queries, heads, heads / kv_heads, head_dim, first_length, \
+                         0, kv_stride, scale};                                                   \
         parallel_for(queries * heads, threads, NAME##_item, &a);                                 \
         return a.failed;                                                                         \
     }
