@@ -67,6 +67,15 @@ def test_streamed_text_speculative_equals_baseline(tmp_path):
 
 
 @pytest.mark.slow
+def test_suffix_drafting_from_the_command_line_equals_baseline_and_drafts():
+    common = ["generate", COPY_PROMPT, "--max-new-tokens", "40", "--json", "--gamma", "4"]
+    suffix, base = run(*common, "--draft", "suffix"), run(*common, "--baseline")
+    assert suffix.returncode == 0 and base.returncode == 0, suffix.stderr + base.stderr
+    suffix, base = json.loads(suffix.stdout), json.loads(base.stdout)
+    assert suffix["tokens"] == base["tokens"] and suffix["accepted"] > 0
+
+
+@pytest.mark.slow
 def test_adaptive_gamma_output_equals_baseline():
     prompt = COPY_PROMPT
     common = ["generate", prompt, "--max-new-tokens", "40", "--dtype", "float32", "--json"]

@@ -6,6 +6,7 @@ import torch
 
 import specdecode.decode
 from specdecode import LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams, speculative_decode
+from specdecode.drafters import SuffixCache, SuffixDrafter
 from specdecode.sampling import sample
 from specdecode.verify import verify
 from stats import chi2_pvalue
@@ -60,6 +61,15 @@ def test_confidence_limited_drafts_match_target_over_whole_sequences():
 @pytest.mark.statistical
 def test_prompt_lookup_matches_target_over_whole_sequences():
     assert whole_sequence_pvalue(lambda draft: PromptLookupDrafter(), 3, SETTINGS["temperature 1"]) > 1e-3
+
+
+@pytest.mark.statistical
+def test_suffix_drafts_remembering_earlier_samples_match_target_over_whole_sequences():
+    """One drafter after another shares a small memory of every earlier sample (evicting as it
+    goes): drafts that depend on the past, never on the sample being drawn."""
+    cache = SuffixCache(depth=4, max_nodes=30)
+    assert whole_sequence_pvalue(lambda draft: SuffixDrafter(cache), 3, SETTINGS["temperature 1"]) > 1e-3
+    assert 1 < len(cache.outputs) < SAMPLES and cache.trie.nodes <= 30
 
 
 @pytest.mark.statistical

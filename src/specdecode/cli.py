@@ -34,9 +34,10 @@ def _model_options(with_draft: bool = True) -> argparse.ArgumentParser:
                         "(default: the embedded SmolLM2-135M-Instruct)")
     if with_draft:
         common.add_argument("--draft", default=LOOKUP,
-                            help="'lookup' for prompt lookup (default), 'trained' for the draft network shipped for "
-                                 "the embedded target, a draft model path, lookup+MODEL (copy where the text "
-                                 "repeats, MODEL elsewhere, e.g. lookup+trained), or ngram:FILE.npz")
+                            help="'lookup' for prompt lookup (default), 'suffix' for suffix drafting (the most "
+                                 "frequent continuation of the longest earlier match), 'trained' for the draft "
+                                 "network shipped for the embedded target, a draft model path, lookup+MODEL (copy "
+                                 "where the text repeats, MODEL elsewhere, e.g. lookup+trained), or ngram:FILE.npz")
     common.add_argument("--backend", default="auto", choices=["auto", "hf", "llama.cpp", "native"],
                         help="native: specdecode's own PyTorch Llama (static KV cache, 4-bit or bf16 products, "
                              "C kernels); hf: transformers; llama.cpp: llama-cpp-python on a .gguf file; auto "
@@ -134,6 +135,8 @@ def _parser() -> argparse.ArgumentParser:
     _prompt_options(bench, required=True)
     bench.add_argument("--draft", action="append", default=[], help="a draft model path (or 'trained') to include")
     bench.add_argument("--ngram", default=None, help="an n-gram drafter file (.npz from `ngram fit`) to include")
+    bench.add_argument("--suffix", action="store_true",
+                       help="include suffix drafting (each run on its own: no memory of earlier prompts' outputs)")
     bench.add_argument("--gamma", type=_gamma_arg, nargs="+", default=[2, 4, 8, "auto"],
                        help="fixed gammas and/or 'auto' (default: 2 4 8 auto)")
     bench.add_argument("--max-gamma", type=int, default=8, help="upper bound for 'auto' (default 8)")
@@ -543,7 +546,7 @@ def cmd_bench(args) -> int:
     draft = _load_draft_model(args.draft[0], args, target) if args.draft else None
     hf_dtype = "float32" if args.dtype == "float32" else "bfloat16"  # transformers has no 4-bit path here
     suite = plan_suite(target, args.backend, args.gamma, draft, args.draft[0] if args.draft else None, args.ngram,
-                       anchors=not args.no_anchors, anchor_lookup_tokens=args.anchor_lookup_tokens,
+                       suffix=args.suffix, anchors=not args.no_anchors, anchor_lookup_tokens=args.anchor_lookup_tokens,
                        load_anchor=lambda name: load_model(args.target or None, name,
                                                            hf_dtype if name == "hf" else args.dtype, args.device,
                                                            args.threads))

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..drafters import ModelDrafter, PromptLookupDrafter
+from ..drafters import ModelDrafter, PromptLookupDrafter, SuffixDrafter
 from .report import markdown, plot_speedups, plot_timeline
 from .runner import Method, run_record
 
@@ -27,10 +27,11 @@ class Suite:
 
 
 def plan_suite(target, backend: str, gammas, draft_model=None, draft_spec: str | None = None,
-               ngram: str | None = None, anchors: bool = True, anchor_lookup_tokens: int = 10,
+               ngram: str | None = None, suffix: bool = False, anchors: bool = True, anchor_lookup_tokens: int = 10,
                load_anchor: Callable[[str], object] | None = None) -> Suite:
-    """The methods for a target on `backend`: baseline, prompt lookup at each gamma, then an n-gram
-    file, a draft model (alone and after lookup), and the engines' own generate() as anchors. On
+    """The methods for a target on `backend`: baseline, prompt lookup at each gamma, then suffix
+    drafting (each run on its own), an n-gram file, a draft model (alone and after lookup), and the
+    engines' own generate() as anchors. On
     the native backend the anchors run the same file on transformers and llama.cpp, loaded by
     `load_anchor(backend)`."""
     from ..drafters.spec import HYBRID, NGRAM, make_drafter
@@ -41,6 +42,9 @@ def plan_suite(target, backend: str, gammas, draft_model=None, draft_spec: str |
         make_drafter(NGRAM + ngram, target)  # fail before any run on a bad file
         drafters["ngram"] = lambda: make_drafter(NGRAM + ngram, target)  # fresh counts for every run
         methods += [Method("ngram", g) for g in gammas]
+    if suffix:
+        drafters["suffix"] = SuffixDrafter  # a fresh one a run: no memory of the prompts run before
+        methods += [Method("suffix", g) for g in gammas]
     suite = Suite(methods, drafters)
     if draft_model is not None:
         drafters["draft"] = lambda: ModelDrafter(draft_model)

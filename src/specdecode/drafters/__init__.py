@@ -3,5 +3,7 @@ from .hybrid import LookupThenModelDrafter
 from .lookup import PromptLookupDrafter
 from .model import ModelDrafter
 from .ngram import NgramDrafter
+from .suffix import SuffixCache, SuffixDrafter
 
-__all__ = ["Draft", "Drafter", "LookupThenModelDrafter", "ModelDrafter", "NgramDrafter", "PromptLookupDrafter"]
+__all__ = ["Draft", "Drafter", "LookupThenModelDrafter", "ModelDrafter", "NgramDrafter", "PromptLookupDrafter", "SuffixCache",
+           "SuffixDrafter"]

@@ -1,6 +1,8 @@
 """One place that turns a draft spec into a drafter, for the CLI, the benchmark and the server.
 
     lookup            prompt lookup (copy from the context)
+    suffix            suffix drafting: the most frequent continuation of the longest earlier match, in
+                      the context or (with a shared cache) in earlier outputs
     ngram:FILE.npz    an n-gram model fitted with `specdecode ngram fit`
     trained           the draft network shipped for the embedded target
     PATH              a draft model: a .gguf file, a transformers directory, or a `distill` output
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from ..models.base import Model, check_same_vocab
 
 LOOKUP = "lookup"
+SUFFIX = "suffix"
 TRAINED = "trained"
 HYBRID = "lookup+"
 NGRAM = "ngram:"
@@ -29,7 +32,8 @@ class DraftSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, str) or not self.spec.strip():
-            raise ValueError("the draft spec is empty; use 'lookup', 'trained', 'ngram:FILE', lookup+MODEL or a path")
+            raise ValueError("the draft spec is empty; use 'lookup', 'suffix', 'trained', 'ngram:FILE', lookup+MODEL "
+                             "or a path")
         if self.spec.startswith(NGRAM) and not self.spec[len(NGRAM):]:
             raise ValueError("ngram: needs a file, e.g. ngram:bigram.npz")
         if self.spec.startswith(HYBRID) and not self.spec[len(HYBRID):]:
@@ -40,7 +44,7 @@ class DraftSpec:
     @property
     def model_path(self) -> str | None:
         """The draft model this spec loads, or None for a drafter without one."""
-        if self.spec == LOOKUP or self.spec.startswith(NGRAM):
+        if self.spec in (LOOKUP, SUFFIX) or self.spec.startswith(NGRAM):
             return None
         path = self.spec[len(HYBRID):] if self.spec.startswith(HYBRID) else self.spec
         if path == TRAINED:
@@ -63,14 +67,18 @@ def load_draft_model(path: str, target: Model, backend: str = "auto", dtype: str
 
 
 def make_drafter(spec: DraftSpec | str, target: Model, draft_model: Model | None = None, *, backend: str = "auto",
-                 dtype: str = "auto", device: str | None = None, threads: int | None = None):
+                 dtype: str = "auto", device: str | None = None, threads: int | None = None,
+                 suffix_cache=None):
     """The drafter a spec names. `draft_model` reuses an already loaded draft model (a server builds
-    a fresh drafter per request around one loaded model); else it is loaded with these settings."""
-    from . import LookupThenModelDrafter, ModelDrafter, NgramDrafter, PromptLookupDrafter
+    a fresh drafter per request around one loaded model); else it is loaded with these settings.
+    `suffix_cache` (a `SuffixCache`) is the memory of earlier outputs a suffix drafter shares."""
+    from . import LookupThenModelDrafter, ModelDrafter, NgramDrafter, PromptLookupDrafter, SuffixDrafter
 
     spec = spec if isinstance(spec, DraftSpec) else DraftSpec(spec)
     if spec.spec == LOOKUP:
         return PromptLookupDrafter()
+    if spec.spec == SUFFIX:
+        return SuffixDrafter(suffix_cache)
     if spec.spec.startswith(NGRAM):
         return NgramDrafter.load(spec.spec[len(NGRAM):])
     if draft_model is None:

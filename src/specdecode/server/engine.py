@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..drafters.spec import DraftSpec, load_draft_model, make_drafter
+from ..drafters.spec import SUFFIX, DraftSpec, load_draft_model, make_drafter
+from ..drafters.suffix import SuffixCache
 from ..gamma import AdaptiveGamma, as_policy
 from ..options import check_queue_size
 from ..stats import Stats
@@ -59,10 +60,13 @@ class Engine:
         self._factories = {}
         for name, spec in drafts.items():  # draft models load now, once; drafters are made per request
             spec = DraftSpec(spec)
-            model = None
+            model = cache = None
             if spec.model_path is not None:
                 model = load_draft_model(spec.model_path, target, **load_options)
-            self._factories[name] = (lambda spec=spec, model=model: make_drafter(spec, target, draft_model=model))
+            if spec.spec == SUFFIX:  # one memory of earlier outputs, shared by the draft's requests
+                cache = SuffixCache()
+            self._factories[name] = (lambda spec=spec, model=model, cache=cache:
+                                     make_drafter(spec, target, draft_model=model, suffix_cache=cache))
         self._auto = None  # the "auto" policy measured for this target, the template of every request's
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()

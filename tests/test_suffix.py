@@ -1,0 +1,107 @@
+"""The suffix drafter: what it proposes, its memory of earlier outputs, and that memory's bound."""
+
+import random
+
+import pytest
+import torch
+
+from specdecode import SamplingParams, autoregressive_decode, speculative_decode
+from specdecode.drafters import PromptLookupDrafter, SuffixCache, SuffixDrafter
+from specdecode.drafters.suffix import SuffixTrie
+from toy import ToyModel
+
+GREEDY = SamplingParams(temperature=0)
+
+
+def proposal(drafter, context, gamma=8):
+    return drafter.propose(context, gamma).tokens[0].tolist()
+
+
+def test_it_proposes_the_most_frequent_continuation_of_the_longest_match():
+    context = [1, 2, 3, 4, 9, 1, 2, 3, 4, 8, 1, 2, 3, 5, 7, 1, 2, 3]
+    # [7, 1, 2, 3] never came before; [1, 2, 3] did, followed by 4 twice and 5 once; after [1, 2, 3, 4]
+    # 9 and 8 once each (the first seen wins the tie), then 1. At most one token per matched token: 3.
+    assert proposal(SuffixDrafter(), context) == [4, 9, 1]
+    assert proposal(SuffixDrafter(), context, gamma=2) == [4, 9]
+    assert proposal(SuffixDrafter(spec_factor=0.5), context) == [4]
+    assert proposal(SuffixDrafter(min_count=2), context) == [4]  # 9 was seen once only
+    assert proposal(SuffixDrafter(), [1, 2, 3]) == []  # nothing occurred twice
+
+
+def test_a_match_at_the_depth_limit_keeps_drafting_from_a_shorter_suffix():
+    text = [5, 6, 7, 8, 9, 10, 11, 12] * 3
+    drafter = SuffixDrafter(depth=4, spec_factor=4.0)
+    assert proposal(drafter, text[:-3], gamma=12) == (text * 2)[len(text) - 3 : len(text) + 9]
+
+
+def test_earlier_outputs_are_proposed_to_later_requests_through_the_shared_cache():
+    cache = SuffixCache(depth=8)
+    first = SuffixDrafter(cache)
+    first.reset(GREEDY, None)
+    prompt, output = [100, 101], [40, 41, 42, 43, 44, 45, 46]
+    for n in range(1, len(output) + 1):
+        first.propose(prompt + output[:n], 4)  # the loop calls it as the output grows
+    second = SuffixDrafter(cache)
+    second.reset(GREEDY, None)
+    assert proposal(second, [200, 41, 42]) == [43, 44]  # a match of 2 tokens drafts 2
+    assert proposal(SuffixDrafter(), [200, 41, 42]) == []  # without the cache nothing is known
+    # the prompt stays out (the first call's context holds the prompt and the output's first token)
+    assert [o.tokens for o in cache.outputs] == [output[1:]]
+
+
+def rebuilt(outputs, depth):
+    trie = SuffixTrie(depth)
+    for tokens in outputs:
+        ends = []
+        for token in tokens:
+            ends = trie.extend(ends, token)
+    return trie
+
+
+def paths(node, prefix=()):
+    out = {prefix: node.count} if prefix else {}
+    for token, child in node.children.items():
+        out.update(paths(child, prefix + (token,)))
+    return out
+
+
+def test_the_shared_cache_stays_within_its_node_bound_and_forgets_exactly_what_it_evicts():
+    rng = random.Random(0)
+    cache = SuffixCache(depth=6, max_nodes=400)
+    for _ in range(30):
+        drafter = SuffixDrafter(cache)
+        drafter.reset(GREEDY, None)
+        context = [rng.randrange(5)]
+        for _ in range(40):
+            context.append(rng.randrange(8))
+            drafter.propose(context, 3)
+        assert cache.trie.nodes <= 400
+    kept = [o.tokens for o in cache.outputs]
+    assert 1 < len(kept) < 30  # old outputs were evicted, recent ones kept
+    fresh = rebuilt(kept, 6)
+    assert paths(cache.trie.root) == paths(fresh.root) and cache.trie.nodes == fresh.nodes
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_greedy_suffix_drafting_equals_plain_greedy_and_drafts_are_accepted(shared):
+    target = ToyModel(6, seed=21, delay=0.001)
+    cache = SuffixCache(depth=8) if shared else None
+    accepted = 0
+    for prompt in ([1, 2, 3], [1, 2, 3], [4, 2, 3]):  # the second repeats the first: its output is remembered
+        expected = [t for s in autoregressive_decode(target, prompt, params=GREEDY, max_new_tokens=30) for t in s.tokens]
+        steps = list(speculative_decode(target, SuffixDrafter(cache), prompt, gamma=4, params=GREEDY,
+                                        max_new_tokens=30))
+        assert [t for s in steps for t in s.tokens] == expected
+        accepted += sum(s.num_accepted for s in steps)
+    assert (accepted > 20) == shared  # the toy's output repeats only across requests
+
+
+def test_bad_settings_are_refused_by_name():
+    with pytest.raises(ValueError, match="spec_factor must be > 0"):
+        SuffixDrafter(spec_factor=0)
+    with pytest.raises(ValueError, match="min_count must be >= 1"):
+        SuffixDrafter(min_count=0)
+    with pytest.raises(ValueError, match="max_nodes must be >= 1"):
+        SuffixCache(max_nodes=0)
+    with pytest.raises(ValueError, match="suffix depth must be >= 2"):
+        SuffixDrafter(depth=1)
