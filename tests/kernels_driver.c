@@ -20,7 +20,8 @@ void rms_norm_f32(const float *, const float *, float *, int, int, float);
 void silu_mul_f32(const float *, float *, int, int);
 void rope_store_f32(const float *, const float *, const float *, float *, float *, float *, int, int, int, int, long,
                     int);
-int attend_f32(const float *, const float *, const float *, float *, int, int, int, int, long, int, float, int);
+int attend_f32(const float *, const float *, const float *, float *, int, int, int, int, long, int, const int *, float,
+               int);
 
 enum { ROWS = 7, IN = 576, OUT = 96, HEADS = 9, KV_HEADS = 3, HEAD_DIM = 64, POSITIONS = 64, FIRST = 20 };
 
@@ -113,12 +114,12 @@ int main(int argc, char **argv) {
     memcpy(k[1], k[0], sizeof(float) * cache), memcpy(v[1], v[0], sizeof(float) * cache);
     for (int i = 0; i < 2; i++) q[i] = malloc(sizeof(float) * ROWS * qwidth), out[i] = malloc(sizeof(float) * ROWS * qwidth);
     rope_store_f32(qkv, cs, sn, q[0], k[0], v[0], ROWS, HEADS, KV_HEADS, HEAD_DIM, kv_stride, FIRST);
-    attend_f32(q[0], k[0], v[0], out[0], ROWS, HEADS, KV_HEADS, HEAD_DIM, kv_stride, FIRST + 1, 0.125f, threads);
+    attend_f32(q[0], k[0], v[0], out[0], ROWS, HEADS, KV_HEADS, HEAD_DIM, kv_stride, FIRST + 1, NULL, 0.125f, threads);
     for (int t = 0; t < ROWS; t++) {
         rope_store_f32(qkv + (long)t * width, cs + (long)t * HEAD_DIM, sn + (long)t * HEAD_DIM, q[1] + (long)t * qwidth,
                        k[1], v[1], 1, HEADS, KV_HEADS, HEAD_DIM, kv_stride, FIRST + t);
         attend_f32(q[1] + (long)t * qwidth, k[1], v[1], out[1] + (long)t * qwidth, 1, HEADS, KV_HEADS, HEAD_DIM,
-                   kv_stride, FIRST + t + 1, 0.125f, threads);
+                   kv_stride, FIRST + t + 1, NULL, 0.125f, threads);
     }
     report("rope_store_f32", q[0], sizeof(float) * ROWS * qwidth,
            !memcmp(q[0], q[1], sizeof(float) * ROWS * qwidth) && !memcmp(k[0], k[1], sizeof(float) * cache) &&

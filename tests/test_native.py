@@ -198,6 +198,36 @@ def test_the_decode_layers_in_one_c_call_equal_the_per_operation_loop_bit_for_bi
 
 
 @pytest.mark.slow
+def test_a_draft_tree_gives_each_node_its_own_chains_logits_bit_for_bit(any_native):
+    """A tree forward computes every node as at the end of the chain of its ancestors; keeping one
+    root-to-leaf path leaves the cache as that chain would have."""
+    native = any_native
+    prefix = torch.tensor([list(range(3000, 3040))])
+    tokens, parents = [11, 12, 13, 14, 15, 16, 17], [-1, 0, 0, 1, 1, 2, 3]  # 0 the context's newest token
+
+    def path_to(node):
+        return [node] if parents[node] < 0 else path_to(parents[node]) + [node]
+
+    def chain(node):
+        cache = native.new_cache()
+        native.forward(prefix, cache, num_logits=1)
+        return native.forward(torch.tensor([[tokens[i] for i in path_to(node)]]), cache)[0, -1], cache
+
+    cache = native.new_cache()
+    native.forward(prefix, cache, num_logits=1)
+    tree = native.forward(torch.tensor([tokens]), cache, parents=parents)[0]
+    assert tree.shape == (7, 49152) and len(cache) == 47
+    for node in range(7):
+        assert torch.equal(tree[node], chain(node)[0]), node
+    cache.keep(40, [40 + i for i in path_to(6)])
+    _, reference = chain(6)
+    assert len(cache) == len(reference) == 44
+    assert torch.equal(cache.k[:, :, :44], reference.k[:, :, :44]) and torch.equal(cache.v[:, :, :44], reference.v[:, :, :44])
+    with pytest.raises(ValueError, match="must give each of its 2 tokens an earlier one"):
+        native.forward(torch.tensor([[5, 6]]), cache, parents=[-1, 1])
+
+
+@pytest.mark.slow
 def test_rollback_is_exact_and_logits_come_only_where_asked(any_native):
     native = any_native
     cache = native.new_cache()

@@ -23,3 +23,14 @@ class NativeCache:
     def trim(self, n: int) -> None:
         check_trim(n, self.length)
         self.length -= n
+
+    def keep(self, start: int, slots: list[int]) -> None:
+        """After a draft tree's forward: keep the nodes in `slots` (a root-to-leaf path, slots >= start)
+        as positions start.., and drop the rest."""
+        if not all(start <= a < self.length for a in slots) or slots != sorted(set(slots)):
+            raise ValueError(f"cannot keep slots {slots} of {self.length} positions from {start}")
+        if slots != list(range(start, start + len(slots))):
+            index = torch.tensor(slots)
+            self.k[:, :, start : start + len(slots)] = self.k[:, :, index]
+            self.v[:, :, start : start + len(slots)] = self.v[:, :, index]
+        self.length = start + len(slots)

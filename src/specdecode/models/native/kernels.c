@@ -10,7 +10,9 @@
  * silu_mul: the MLP's silu(gate) * up.
  * rope_store: RoPE of the new q and k; k and v written into the cache (one call instead of ~16 ops).
  * attend: causal attention of new positions over a KV cache, one (position, head) at a time; query
- *   t sees the first first_length + t keys. q: [queries, heads, head_dim] float32; out (the same
+ *   t sees the first first_length + t keys; or, with `parents` (a draft tree: node t's parent among
+ *   the new positions, -1 for the cache's last token), the cache's first first_length - 1 keys and
+ *   then its ancestors' and its own, root first: the keys it would see in a chain of them. q: [queries, heads, head_dim] float32; out (the same
  *   shape), k and v (one layer of the cache, [kv_heads, positions, head_dim], kv_stride elements
  *   between kv heads) in bf16 or float32; head_dim a multiple of 2 LANES (the bf16 dot product
  *   takes 32), at most MAX_HEAD_DIM.
@@ -254,6 +256,9 @@ DEFINE_RMS_NORM(rms_norm_bf16, uint16_t, load_bf16, store_bf16)
 DEFINE_ROPE_STORE(rope_store_f32, float, load_f32, store_f32)
 DEFINE_ROPE_STORE(rope_store_bf16, uint16_t, load_bf16, store_bf16)
 
+/* Key j's cache slot: j itself, or past `split` (a draft tree's node) the slot `tail` lists. */
+#define SLOT(j) ((j) < split ? (j) : tail[(j) - split])
+
 /* One (position, head): scores[j] = scale q.k_j, softmax over j < length, out = sum_j w_j v_j.
  * With AVX-512, keys go 16 at a time: each key's products summed by one fixed tree that leaves the
  * 16 scores in one vector, and a vector exp (Cephes' expf polynomial: within 1.3 ulp of exp over
@@ -301,7 +306,7 @@ static inline __mmask16 tail_mask(int left) { return left >= 16 ? 0xFFFF : (__mm
 
 #define DEFINE_ATTEND_ONE(NAME, T, LOAD16, STORE, Q, PREPARE, SCORE)                             \
     static void NAME(const float *q, const T *k, const T *v, T *out, int length,                \
-                     int head_dim, float scale, float *scores) {                                 \
+                     int head_dim, float scale, float *scores, int split, const int *tail) {     \
         int n = head_dim / 16, blocks = (length + 15) / 16;                                      \
         __m512 o[MAX_HEAD_DIM / 16], best = _mm512_set1_ps(-INFINITY);                           \
         Q qv[MAX_HEAD_DIM / 16];                                                                 \
@@ -310,7 +315,7 @@ static inline __mmask16 tail_mask(int left) { return left >= 16 ? 0xFFFF : (__mm
             __m512 acc[16];                                                                      \
             for (int s = 0; s < 16; s++) {                                                       \
                 int j = b * 16 + 4 * (s % 4) + s / 4;                                            \
-                const T *kj = k + (long)(j < length ? j : length - 1) * head_dim;                \
+                const T *kj = k + (long)SLOT(j < length ? j : length - 1) * head_dim;            \
                 acc[s] = SCORE(qv, kj, n);                                                       \
             }                                                                                    \
             __mmask16 valid = tail_mask(length - b * 16);                                        \
@@ -328,7 +333,7 @@ static inline __mmask16 tail_mask(int left) { return left >= 16 ? 0xFFFF : (__mm
         }                                                                                        \
         for (int c = 0; c < n; c++) o[c] = _mm512_setzero_ps();                                  \
         for (int j = 0; j < length; j++) {                                                       \
-            const T *vj = v + (long)j * head_dim;                                                \
+            const T *vj = v + (long)SLOT(j) * head_dim;                                          \
             __m512 w = _mm512_set1_ps(scores[j]);                                                \
             for (int c = 0; c < n; c++) o[c] = _mm512_fmadd_ps(w, LOAD16(vj + c * 16), o[c]);    \
         }                                                                                        \
@@ -419,7 +424,7 @@ static inline float lanes_max8(__m256 x) {
 
 #define DEFINE_ATTEND_ONE(NAME, T, LOAD8, STORE)                                                 \
     static void NAME(const float *q, const T *k, const T *v, T *out, int length,                \
-                     int head_dim, float scale, float *scores) {                                 \
+                     int head_dim, float scale, float *scores, int split, const int *tail) {     \
         int n = head_dim / 8, blocks = (length + 7) / 8;                                         \
         __m256 qv[MAX_HEAD_DIM / 8], o[MAX_HEAD_DIM / 8], best = _mm256_set1_ps(-INFINITY);      \
         for (int c = 0; c < n; c++) qv[c] = _mm256_loadu_ps(q + c * 8);                          \
@@ -427,7 +432,7 @@ static inline float lanes_max8(__m256 x) {
             __m256 acc[8];                                                                       \
             for (int s = 0; s < 8; s++) {                                                        \
                 int j = b * 8 + s;                                                               \
-                const T *kj = k + (long)(j < length ? j : length - 1) * head_dim;                \
+                const T *kj = k + (long)SLOT(j < length ? j : length - 1) * head_dim;            \
                 acc[s] = _mm256_mul_ps(qv[0], LOAD8(kj));                                        \
                 for (int c = 1; c < n; c++) acc[s] = _mm256_fmadd_ps(qv[c], LOAD8(kj + c * 8), acc[s]); \
             }                                                                                    \
@@ -446,7 +451,7 @@ static inline float lanes_max8(__m256 x) {
         }                                                                                        \
         for (int c = 0; c < n; c++) o[c] = _mm256_setzero_ps();                                  \
         for (int j = 0; j < length; j++) {                                                       \
-            const T *vj = v + (long)j * head_dim;                                                \
+            const T *vj = v + (long)SLOT(j) * head_dim;                                          \
             __m256 w = _mm256_set1_ps(scores[j]);                                                \
             for (int c = 0; c < n; c++) o[c] = _mm256_fmadd_ps(w, LOAD8(vj + c * 8), o[c]);      \
         }                                                                                        \
@@ -465,10 +470,10 @@ DEFINE_ATTEND_ONE(attend_one_bf16, uint16_t, load8_bf16, store_bf16)
 #else
 #define DEFINE_ATTEND_ONE(NAME, T, LOAD, STORE)                                                  \
     static void NAME(const float *q, const T *k, const T *v, T *out, int length,                \
-                     int head_dim, float scale, float *scores) {                                 \
+                     int head_dim, float scale, float *scores, int split, const int *tail) {     \
         float best = -INFINITY;                                                                  \
         for (int j = 0; j < length; j++) {                                                       \
-            const T *kj = k + (long)j * head_dim;                                                \
+            const T *kj = k + (long)SLOT(j) * head_dim;                                          \
             float acc[LANES] = {0};                                                              \
             for (int d = 0; d < head_dim; d += LANES)                                            \
                 for (int l = 0; l < LANES; l++) acc[l] += q[d + l] * LOAD(kj[d + l]);            \
@@ -479,7 +484,7 @@ DEFINE_ATTEND_ONE(attend_one_bf16, uint16_t, load8_bf16, store_bf16)
         }                                                                                        \
         float o[MAX_HEAD_DIM] = {0}, total = 0;                                                  \
         for (int j = 0; j < length; j++) {                                                       \
-            const T *vj = v + (long)j * head_dim;                                                \
+            const T *vj = v + (long)SLOT(j) * head_dim;                                          \
             float w = expf(scores[j] - best);                                                    \
             total += w;                                                                          \
             for (int d = 0; d < head_dim; d++) o[d] += w * LOAD(vj[d]);                          \
@@ -550,6 +555,7 @@ typedef struct {
     const float *q;
     const void *k, *v;
     void *out;
+    const int *parents; /* NULL: the new positions are a chain; else a tree (see attend) */
     int queries, heads, group, head_dim, first_length, failed;
     long kv_stride;
     float scale;
@@ -560,22 +566,29 @@ typedef struct {
                                                        in turn, its keys and values still cached */ \
         attention_t *a = ctx;                                                                    \
         int h = item / a->queries, t = item % a->queries, length = a->first_length + t;          \
-        float *scores = malloc(sizeof(float) * ((length + 15) & ~15)); /* see attend_one */       \
+        float *scores = malloc(sizeof(float) * ((length + 15) & ~15) + sizeof(int) * (t + 1));  \
         if (!scores) {                                                                           \
             a->failed = 1;                                                                       \
             return;                                                                              \
         }                                                                                        \
+        int split = length, *tail = (int *)(scores + ((length + 15) & ~15)), depth = 0;          \
+        if (a->parents) { /* the cache, then the node's ancestors and itself, root first */      \
+            for (int node = t; node >= 0; node = a->parents[node]) depth++;                      \
+            split = a->first_length - 1, length = split + depth;                                 \
+            for (int node = t, d = depth - 1; node >= 0; node = a->parents[node], d--)           \
+                tail[d] = split + node;                                                          \
+        }                                                                                        \
         long kv = (long)(h / a->group) * a->kv_stride;                                           \
         long at = ((long)t * a->heads + h) * a->head_dim;                                        \
         ONE(a->q + at, (const T *)a->k + kv, (const T *)a->v + kv, (T *)a->out + at, length,     \
-            a->head_dim, a->scale, scores);                                                      \
+            a->head_dim, a->scale, scores, split, tail);                                         \
         free(scores);                                                                            \
     }                                                                                            \
     int NAME(const float *q, const T *k, const T *v, T *out, int queries, int heads,             \
-             int kv_heads, int head_dim, long kv_stride, int first_length, float scale,          \
-             int threads) {                                                                      \
-        attention_t a = {q, k, v, out, queries, heads, heads / kv_heads, head_dim, first_length, \
-                         0, kv_stride, scale};                                                   \
+             int kv_heads, int head_dim, long kv_stride, int first_length, const int *parents,   \
+             float scale, int threads) {                                                         \
+        attention_t a = {q, k, v, out, parents, queries, heads, heads / kv_heads, head_dim,      \
+                         first_length, 0, kv_stride, scale};                                     \
         parallel_for(queries * heads, threads, NAME##_item, &a);                                 \
         return a.failed;                                                                         \
     }
@@ -1483,7 +1496,8 @@ enum { ATTN_NORM, MLP_NORM, QKV, QKV_COEF, O, O_COEF, GATE_UP, GATE_UP_COEF, DOW
 
 int layers_q4f(float *x, int rows, const void *const *weights, int layers, float *k, float *v, long layer_stride,
                long kv_stride, const float *cos, const float *sin, int first, int dim, int heads, int kv_heads,
-               int head_dim, int hidden, float eps, float scale, int int8_activations, int threads) {
+               int head_dim, int hidden, float eps, float scale, int int8_activations, const int *parents,
+               int threads) {
     int (*product)(const float *, const uint8_t *, const uint16_t *, float *, int, int, int, int) =
         int8_activations ? q4q8_matmul : q4f_matmul;
     const int width = (heads + 2 * kv_heads) * head_dim, attn_width = heads * head_dim;
@@ -1499,7 +1513,8 @@ int layers_q4f(float *x, int rows, const void *const *weights, int layers, float
         rms_norm_f32(x, w[ATTN_NORM], h, rows, dim, eps);
         failed |= product(h, w[QKV], w[QKV_COEF], qkv, rows, dim, width, threads);
         rope_store_f32(qkv, cos, sin, q, kl, vl, rows, heads, kv_heads, head_dim, kv_stride, first);
-        failed |= attend_f32(q, kl, vl, attn, rows, heads, kv_heads, head_dim, kv_stride, first + 1, scale, threads);
+        failed |= attend_f32(q, kl, vl, attn, rows, heads, kv_heads, head_dim, kv_stride, first + 1, parents, scale,
+                             threads);
         failed |= product(attn, w[O], w[O_COEF], y, rows, attn_width, dim, threads);
         for (long i = 0; i < n * dim; i++) x[i] += y[i];
         rms_norm_f32(x, w[MLP_NORM], h, rows, dim, eps);

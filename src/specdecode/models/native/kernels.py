@@ -33,6 +33,17 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def tree_keys(parents: torch.Tensor, node: int, p0: int) -> torch.Tensor:
+    """The cache slots a draft tree's node attends to: the first p0, then its ancestors' and its own
+    (node i sits in slot p0 + i; parents[i] is its parent among the nodes, -1 for the cache's last
+    token), root first: the keys it would see at the end of a chain of them."""
+    path = []
+    while node >= 0:
+        path.append(p0 + node)
+        node = int(parents[node])
+    return torch.cat([torch.arange(p0), torch.tensor(path[::-1])])
+
+
 class TorchKernels:
     """RMSNorm, RoPE with the cache writes, attention over the cache and the MLP's activation, in
     PyTorch ops."""
@@ -68,16 +79,20 @@ class TorchKernels:
         values[:, p0 : p0 + T] = value.view(T, Hkv, hd).transpose(0, 1)
         return q * cos + _rotate_half(q) * sin
 
-    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, p0: int) -> torch.Tensor:
-        """q [T, H, hd] at positions p0.., keys/values [Hkv, P, hd] of one layer -> [T, H hd]: query t
-        over the first p0 + t + 1 positions, one fused-attention call per position (4-d inputs take
-        PyTorch's fused CPU kernel; the 3-d form fell back to the unfused math path, 2x slower)."""
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, p0: int,
+               parents: torch.Tensor | None = None) -> torch.Tensor:
+        """q [T, H, hd] in cache slots p0.., keys/values [Hkv, P, hd] of one layer -> [T, H hd]: query t
+        over the first p0 + t + 1 positions, or, given `parents` (a draft tree, see `tree_keys`), over
+        the first p0 and its ancestors' and its own; one fused-attention call per position (4-d inputs
+        take PyTorch's fused CPU kernel; the 3-d form fell back to the unfused math path, 2x slower)."""
         H, Hkv, hd = self.heads, self.kv_heads, self.head_dim
         q = q.to(keys.dtype)
-        return torch.cat([
-            F.scaled_dot_product_attention(q[t].view(1, Hkv, H // Hkv, hd), keys[None, :, : p0 + t + 1],
-                                           values[None, :, : p0 + t + 1]).reshape(1, H * hd)
-            for t in range(q.shape[0])])
+        rows = []
+        for t in range(q.shape[0]):
+            seen = slice(0, p0 + t + 1) if parents is None else tree_keys(parents, t, p0)
+            rows.append(F.scaled_dot_product_attention(q[t].view(1, Hkv, H // Hkv, hd), keys[None, :, seen],
+                                                       values[None, :, seen]).reshape(1, H * hd))
+        return torch.cat(rows)
 
 
 class CKernels(TorchKernels):
@@ -122,12 +137,14 @@ class CKernels(TorchKernels):
                          values.data_ptr(), T, self.heads, self.kv_heads, self.head_dim, keys.stride(0), p0)
         return q
 
-    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, p0: int) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, p0: int,
+               parents: torch.Tensor | None = None) -> torch.Tensor:
         T = q.shape[0]
         qf = q.float().contiguous()  # [T, H, hd]
         out = torch.empty(T, self.heads * self.head_dim, dtype=self.dtype)  # written in the cache's dtype
         if self._attend(qf.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(), T, self.heads,
-                        self.kv_heads, self.head_dim, keys.stride(0), p0 + 1, self.scale, torch.get_num_threads()):
+                        self.kv_heads, self.head_dim, keys.stride(0), p0 + 1, _pointer(parents), self.scale,
+                        torch.get_num_threads()):
             raise MemoryError("attention: no memory for one query's scores")
         return out
 
@@ -196,7 +213,8 @@ class CKernels(TorchKernels):
         return y
 
     def layers_q4f(self, x: torch.Tensor, weights: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
-                   sin: torch.Tensor, p0: int, hidden: int, eps: float, int8_activations: bool) -> torch.Tensor:
+                   sin: torch.Tensor, p0: int, hidden: int, eps: float, int8_activations: bool,
+                   parents: torch.Tensor | None = None) -> torch.Tensor:
         """Every layer of a decode forward in one call (4-bit products, float32 residual stream, the
         products' inputs quantised to 8 bits where `int8_activations`): x [T, D]
         float32 (updated in place and returned); weights [layers, 10] int64, the pointers kernels.c's
@@ -206,9 +224,17 @@ class CKernels(TorchKernels):
         if self._layers_q4f(x.data_ptr(), T, weights.data_ptr(), weights.shape[0], k.data_ptr(), v.data_ptr(),
                             k.stride(0), k.stride(1), cos.data_ptr(), sin.data_ptr(), p0, D, self.heads,
                             self.kv_heads, self.head_dim, hidden, eps, self.scale, int(int8_activations),
-                            torch.get_num_threads()):
+                            _pointer(parents), torch.get_num_threads()):
             raise MemoryError("decode layers: no memory for the activations")
         return x
+
+
+def _pointer(parents: torch.Tensor | None) -> int | None:
+    """A draft tree's parents as kernels.c takes them (int32), or NULL for a chain."""
+    if parents is None:
+        return None
+    assert parents.dtype == torch.int32 and parents.is_contiguous()
+    return parents.data_ptr()
 
 
 def make_kernels(heads: int, kv_heads: int, head_dim: int, dim: int, dtype: torch.dtype) -> TorchKernels:

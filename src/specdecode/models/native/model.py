@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -168,8 +169,14 @@ class NativeLlama:
         return NativeCache(self.layers, self.kv_heads, self.max_positions, self.head_dim, self.compute_dtype)
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, cache: NativeCache, num_logits: int | None = None) -> torch.Tensor:
-        """tokens [1, T] -> logits [1, num_logits or T, V] float32; appends T positions."""
+    def forward(self, tokens: torch.Tensor, cache: NativeCache, num_logits: int | None = None,
+                parents: Sequence[int] | None = None) -> torch.Tensor:
+        """tokens [1, T] -> logits [1, num_logits or T, V] float32; appends T positions.
+
+        `parents` makes the tokens a tree (a draft tree, verified in one call): token t follows token
+        parents[t] (< t), or the cache's last position where -1; each token is computed exactly as at
+        the end of the chain of its ancestors (bit for bit), in cache slot length + t at position
+        length + its depth. Keep a root-to-node path with `cache.keep`."""
         if tokens.dim() != 2 or tokens.shape[0] != 1:
             raise ValueError(f"the native backend runs batch size 1, got tokens of shape {tuple(tokens.shape)}")
         T = tokens.shape[1]
@@ -178,6 +185,9 @@ class NativeLlama:
         k = min(num_logits or T, T)
         ids = tokens[0]
         prefill = cache.length == 0
+        if parents is not None:
+            return self.head(self.kernels.rms_norm(self._layers(ids, cache, False, self._tree(parents, T, cache)),
+                                                   self.norm, self.eps)[T - k:]).float().unsqueeze(0)
         hidden = []
         for start in range(0, T, self.PREFILL_CHUNK):  # long prompts in chunks: bounded attention memory
             h = self._layers(ids[start : start + self.PREFILL_CHUNK], cache, prefill)
@@ -186,15 +196,33 @@ class NativeLlama:
         h = self.kernels.rms_norm(torch.cat(hidden), self.norm, self.eps)
         return self.head(h).float().unsqueeze(0)  # [1, k, V]
 
-    def _layers(self, ids: torch.Tensor, cache: NativeCache, prefill: bool) -> torch.Tensor:
-        """ids [T] at positions cache.length.. -> final hidden states [T, D]; fills the cache."""
+    def _tree(self, parents: Sequence[int], T: int, cache: NativeCache) -> torch.Tensor:
+        """`parents` checked, as int32 [T]."""
+        parents = [int(p) for p in parents]
+        if len(parents) != T or any(not -1 <= p < t for t, p in enumerate(parents)):
+            raise ValueError(f"a draft tree's parents must give each of its {T} tokens an earlier one or -1, "
+                             f"got {parents}")
+        if cache.length == 0:
+            raise ValueError("a draft tree follows a prefilled prompt: the cache is empty")
+        return torch.tensor(parents, dtype=torch.int32)
+
+    def _layers(self, ids: torch.Tensor, cache: NativeCache, prefill: bool,
+                parents: torch.Tensor | None = None) -> torch.Tensor:
+        """ids [T] in cache slots cache.length.. (a chain, or a tree given `parents`) -> final hidden
+        states [T, D]; fills the cache."""
         T, p0 = ids.shape[0], cache.length
-        cos, sin = self.cos[p0 : p0 + T], self.sin[p0 : p0 + T]  # [T, hd]
+        positions = torch.arange(p0, p0 + T)
+        if parents is not None:  # a node's position: the cache's length plus its depth
+            depth = []
+            for p in parents.tolist():
+                depth.append(0 if p < 0 else depth[p] + 1)
+            positions = p0 + torch.tensor(depth)
+        cos, sin = self.cos[positions], self.sin[positions]  # [T, hd]
         x = F.embedding(ids, self.embed)  # [T, D]
         if not prefill and self.layer_pointers is not None:  # the loop below in one C call
             hidden = self.blocks[0]["gate_up"].out_features // 2
             x = self.kernels.layers_q4f(x, self.layer_pointers, cache.k, cache.v, cos, sin, p0, hidden, self.eps,
-                                        int8_activations=self.dtype == "w4a8")
+                                        int8_activations=self.dtype == "w4a8", parents=parents)
             cache.length = p0 + T
             return x
         for i, b in enumerate(self.blocks):
@@ -205,7 +233,7 @@ class NativeLlama:
             if prefill:  # all queries at once (the decode loop prefills a prompt alone, plain or not)
                 attn = self._attend_block(q, i, cache, p0)
             else:  # each position alone: its numerics do not depend on what shares the call
-                attn = self.kernels.attend(q, keys, values, p0)
+                attn = self.kernels.attend(q, keys, values, p0, parents)
             x = x + products["o"](attn)
             gate_up = products["gate_up"](self.kernels.rms_norm(x, b["mlp_norm"], self.eps))  # [T, 2 I]
             x = x + products["down"](self.kernels.silu_mul(gate_up))

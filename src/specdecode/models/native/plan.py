@@ -166,7 +166,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_char_p, []
     for name in ("attend_f32", "attend_bf16"):
         getattr(lib, name).restype = ctypes.c_int
-        getattr(lib, name).argtypes = [p] * 4 + [i32] * 4 + [ctypes.c_long, i32, ctypes.c_float, i32]
+        getattr(lib, name).argtypes = [p] * 4 + [i32] * 4 + [ctypes.c_long, i32, p, ctypes.c_float, i32]
     for name in ("rms_norm_f32", "rms_norm_bf16"):
         getattr(lib, name).restype, getattr(lib, name).argtypes = None, [p] * 3 + [i32] * 2 + [ctypes.c_float]
     for name in ("silu_mul_f32", "silu_mul_bf16"):
@@ -183,7 +183,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, []
     lib.layers_q4f.restype = ctypes.c_int
     lib.layers_q4f.argtypes = [p, i32, p, i32, p, p, ctypes.c_long, ctypes.c_long, p, p] + [i32] * 6 + [
-        ctypes.c_float] * 2 + [i32] * 2
+        ctypes.c_float] * 2 + [i32, p, i32]
     return lib
 
 
