@@ -83,7 +83,70 @@ def test_eos_inside_an_accepted_run_ends_the_sequence_exactly():
     assert whole_sequence_pvalue(ModelDrafter, 4, SETTINGS["temperature 1"], eos=(2,)) > 1e-3
 
 
+class RandomTreeDrafter:
+    """Guesses a random tree of up to gamma tokens (distinct siblings), from its own generator."""
+
+    vocab = None
+    proposes_trees = True
+
+    def __init__(self, seed=7):
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def reset(self, params, generator):
+        pass
+
+    def propose(self, context, gamma):
+        from specdecode.drafters import Draft
+
+        tokens, parents = [], []
+        for _ in range(gamma):
+            parent = int(torch.randint(-1, len(tokens), (1,), generator=self.gen))
+            taken = {t for t, p in zip(tokens, parents) if p == parent}
+            free = [t for t in range(3) if t not in taken]
+            if free:
+                tokens.append(free[int(torch.randint(len(free), (1,), generator=self.gen))])
+                parents.append(parent)
+        return Draft(torch.tensor([tokens]), parents=parents)
+
+    def accept(self, n):
+        pass
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("setting", ["temperature 1", "top-k 2"])
+def test_draft_trees_match_target_over_whole_sequences(setting):
+    """A tree is verified by drawing the target's token where the walk stands and stepping into the
+    child that guessed it: whole sequences follow the target exactly, rollback to the kept path
+    included (the toy target computes each node from its own ancestors, as the native backend does)."""
+    assert whole_sequence_pvalue(lambda draft: RandomTreeDrafter(), 4, SETTINGS[setting]) > 1e-3
+
+
 # The same check, run on deliberately broken loops, must fail: it has the power to catch them.
+
+@pytest.mark.statistical
+def test_check_fails_when_a_tree_walk_takes_the_first_child_on_a_miss(monkeypatch):
+    walk = specdecode.decode._walk_tree
+
+    def first_child_on_a_miss(draft, logits, params, gen):
+        new, path, betas = walk(draft, logits, params, gen)
+        kids = [i for i, p in enumerate(draft.parents) if p == (path[-1] if path else -1)]
+        if kids:  # the walk missed there: keep the first child's guess instead of the target's draw
+            new[-1] = int(draft.tokens[0, kids[0]])
+        return new, path, betas
+
+    monkeypatch.setattr(specdecode.decode, "_walk_tree", first_child_on_a_miss)
+    assert whole_sequence_pvalue(lambda draft: RandomTreeDrafter(), 4, SETTINGS["temperature 1"]) < 1e-6
+
+
+@pytest.mark.statistical
+def test_check_fails_when_a_tree_keeps_the_wrong_path(monkeypatch):
+    keep = ToyCache.keep
+
+    def first_nodes(self, start, slots):  # keeps the first nodes in the cache, not the accepted ones
+        keep(self, start, list(range(start, start + len(slots))))
+
+    monkeypatch.setattr(ToyCache, "keep", first_nodes)
+    assert whole_sequence_pvalue(lambda draft: RandomTreeDrafter(), 4, SETTINGS["temperature 1"]) < 1e-6
 
 @pytest.mark.statistical
 def test_check_fails_when_the_loop_skips_the_residual(monkeypatch):

@@ -8,6 +8,7 @@ import torch
 
 from specdecode import (AdaptiveGamma, ModelDrafter, PromptLookupDrafter, SamplingParams, autoregressive_decode,
                         encode_prompt, speculative_decode)
+from specdecode.drafters import SuffixDrafter
 from specdecode.models.native import Int4Linear, Linear, Q8Linear, activation_dtype, bf16_supported, load_native, plan
 from quantized import q4_grid
 from stats import chi2_pvalue
@@ -245,10 +246,10 @@ def test_greedy_prompt_lookup_equals_plain_greedy(native, prompt):
     ids = encode_prompt(native.tokenizer, prompt)
     plain = tokens_of(autoregressive_decode(native, ids, params=GREEDY, max_new_tokens=64))
     for gamma in (4, AdaptiveGamma([0.0, 1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12, 1.14, 1.16])):
-        steps = list(speculative_decode(native, PromptLookupDrafter(), ids, gamma=gamma, params=GREEDY,
-                                        max_new_tokens=64))
-        assert tokens_of(steps) == plain and len(plain) > 10
-        assert sum(len(s.proposed) for s in steps) > 0  # drafts were verified, not plain decoding twice
+        for drafter in (PromptLookupDrafter(), SuffixDrafter()):  # chains, and trees verified in one call
+            steps = list(speculative_decode(native, drafter, ids, gamma=gamma, params=GREEDY, max_new_tokens=64))
+            assert tokens_of(steps) == plain and len(plain) > 10
+            assert sum(len(s.proposed) for s in steps) > 0  # drafts were verified, not plain decoding twice
 
 
 @pytest.mark.slow

@@ -17,36 +17,50 @@ def proposal(drafter, context, gamma=8):
     return drafter.propose(context, gamma).tokens[0].tolist()
 
 
+def chain_drafter(**options):
+    return SuffixDrafter(trees=False, **options)
+
+
 def test_it_proposes_the_most_frequent_continuation_of_the_longest_match():
     context = [1, 2, 3, 4, 9, 1, 2, 3, 4, 8, 1, 2, 3, 5, 7, 1, 2, 3]
     # [7, 1, 2, 3] never came before; [1, 2, 3] did, followed by 4 twice and 5 once; after [1, 2, 3, 4]
     # 9 and 8 once each (the first seen wins the tie), then 1. At most one token per matched token: 3.
-    assert proposal(SuffixDrafter(), context) == [4, 9, 1]
-    assert proposal(SuffixDrafter(), context, gamma=2) == [4, 9]
-    assert proposal(SuffixDrafter(spec_factor=0.5), context) == [4]
-    assert proposal(SuffixDrafter(min_count=2), context) == [4]  # 9 was seen once only
-    assert proposal(SuffixDrafter(), [1, 2, 3]) == []  # nothing occurred twice
+    assert proposal(chain_drafter(), context) == [4, 9, 1]
+    assert proposal(chain_drafter(), context, gamma=2) == [4, 9]
+    assert proposal(chain_drafter(spec_factor=0.5), context) == [4]
+    assert proposal(chain_drafter(min_count=2), context) == [4]  # 9 was seen once only
+    assert proposal(chain_drafter(), [1, 2, 3]) == []  # nothing occurred twice
+
+
+def test_a_tree_holds_the_likeliest_continuations_best_first():
+    context = [1, 2, 3, 4, 9, 1, 2, 3, 4, 8, 1, 2, 3, 5, 7, 1, 2, 3]
+    draft = SuffixDrafter().propose(context, 4)
+    # after [1, 2, 3]: 4 (2/3), 5 (1/3); after [1, 2, 3, 4]: 9 and 8 (1/3 each); after [1, 2, 3, 5]: 7
+    assert draft.tokens[0].tolist() == [4, 5, 9, 8] and draft.parents == [-1, -1, 0, 0]
+    assert draft.chain().tokens[0].tolist() == [4, 9]
+    deep = SuffixDrafter().propose(context, 8)  # no deeper than 3 (one token per matched token)
+    assert deep.tokens[0].tolist() == [4, 5, 9, 8, 7, 1, 1, 1] and deep.parents == [-1, -1, 0, 0, 1, 2, 3, 4]
 
 
 def test_a_match_at_the_depth_limit_keeps_drafting_from_a_shorter_suffix():
     text = [5, 6, 7, 8, 9, 10, 11, 12] * 3
-    drafter = SuffixDrafter(depth=4, spec_factor=4.0)
+    drafter = chain_drafter(depth=4, spec_factor=4.0)
     assert proposal(drafter, text[:-3], gamma=12) == (text * 2)[len(text) - 3 : len(text) + 9]
 
 
 def test_earlier_outputs_are_proposed_to_later_requests_through_the_shared_cache():
     cache = SuffixCache(depth=8)
-    first = SuffixDrafter(cache)
+    first = SuffixDrafter(cache, trees=False)
     first.reset(GREEDY, None)
+    first.begin([100, 101])
     prompt, output = [100, 101], [40, 41, 42, 43, 44, 45, 46]
     for n in range(1, len(output) + 1):
         first.propose(prompt + output[:n], 4)  # the loop calls it as the output grows
-    second = SuffixDrafter(cache)
+    second = SuffixDrafter(cache, trees=False)
     second.reset(GREEDY, None)
     assert proposal(second, [200, 41, 42]) == [43, 44]  # a match of 2 tokens drafts 2
-    assert proposal(SuffixDrafter(), [200, 41, 42]) == []  # without the cache nothing is known
-    # the prompt stays out (the first call's context holds the prompt and the output's first token)
-    assert [o.tokens for o in cache.outputs] == [output[1:]]
+    assert proposal(chain_drafter(), [200, 41, 42]) == []  # without the cache nothing is known
+    assert [o.tokens for o in cache.outputs] == [output]  # the prompt stays out
 
 
 def rebuilt(outputs, depth):
@@ -82,18 +96,20 @@ def test_the_shared_cache_stays_within_its_node_bound_and_forgets_exactly_what_i
     assert paths(cache.trie.root) == paths(fresh.root) and cache.trie.nodes == fresh.nodes
 
 
-@pytest.mark.parametrize("shared", [False, True])
-def test_greedy_suffix_drafting_equals_plain_greedy_and_drafts_are_accepted(shared):
+@pytest.mark.parametrize("trees", [False, True])
+def test_greedy_suffix_drafting_equals_plain_greedy_and_remembers_across_requests(trees):
     target = ToyModel(6, seed=21, delay=0.001)
-    cache = SuffixCache(depth=8) if shared else None
-    accepted = 0
-    for prompt in ([1, 2, 3], [1, 2, 3], [4, 2, 3]):  # the second repeats the first: its output is remembered
-        expected = [t for s in autoregressive_decode(target, prompt, params=GREEDY, max_new_tokens=30) for t in s.tokens]
-        steps = list(speculative_decode(target, SuffixDrafter(cache), prompt, gamma=4, params=GREEDY,
-                                        max_new_tokens=30))
-        assert [t for s in steps for t in s.tokens] == expected
-        accepted += sum(s.num_accepted for s in steps)
-    assert (accepted > 20) == shared  # the toy's output repeats only across requests
+    accepted = {}
+    for cache in (None, SuffixCache(depth=8)):
+        for number, prompt in enumerate(([1, 2, 3], [1, 2, 3], [4, 2, 3])):  # the second repeats the first
+            expected = [t for s in autoregressive_decode(target, prompt, params=GREEDY, max_new_tokens=30)
+                        for t in s.tokens]
+            steps = list(speculative_decode(target, SuffixDrafter(cache, trees=trees), prompt, gamma=4,
+                                            params=GREEDY, max_new_tokens=30))
+            assert [t for s in steps for t in s.tokens] == expected
+            accepted[cache is not None, number] = sum(s.num_accepted for s in steps)
+    # the repeated request drafts its remembered output; the toy's output does not repeat within one
+    assert accepted[True, 1] >= 15 and accepted[False, 1] <= 10
 
 
 def test_bad_settings_are_refused_by_name():

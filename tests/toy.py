@@ -28,6 +28,9 @@ class ToyCache:
         assert 0 <= n <= len(self.tokens), (n, len(self.tokens))
         del self.tokens[len(self.tokens) - n :]
 
+    def keep(self, start: int, slots: list[int]) -> None:
+        self.tokens[start:] = [self.tokens[s] for s in slots]
+
 
 class ToyModel:
     """logits(prefix) = scale * N(0, 1) seeded by (seed, prefix), plus `base`'s logits if given
@@ -56,15 +59,27 @@ class ToyModel:
     def new_cache(self) -> ToyCache:
         return ToyCache()
 
-    def forward(self, tokens: torch.Tensor, cache: ToyCache, num_logits: int | None = None) -> torch.Tensor:
+    supports_trees = True
+
+    def forward(self, tokens: torch.Tensor, cache: ToyCache, num_logits: int | None = None,
+                parents=None) -> torch.Tensor:
+        """As the native backend: with `parents`, token t follows token parents[t] (or the cache
+        where -1) and its logits are those of the cache's tokens plus its ancestors."""
         self.calls += 1
         if self.delay:
             time.sleep(self.delay)
-        out = []
-        for token in tokens[0].tolist():
+        out, start, tokens = [], len(cache.tokens), tokens[0].tolist()
+        for t, token in enumerate(tokens):
             assert 0 <= token < self.vocab_size, token
             cache.tokens.append(token)
-            out.append(self.logits_for(tuple(cache.tokens)))
+            if parents is None:
+                out.append(self.logits_for(tuple(cache.tokens)))
+                continue
+            path, node = [], t
+            while node >= 0:
+                path.append(tokens[node])
+                node = parents[node]
+            out.append(self.logits_for(tuple(cache.tokens[:start]) + tuple(path[::-1])))
         logits = torch.stack(out).unsqueeze(0)  # [1, T, V]
         return logits[:, -num_logits:] if num_logits else logits
 

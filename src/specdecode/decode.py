@@ -11,6 +11,7 @@ undone by trimming the g - n rejected positions, never by recomputing the prefix
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -95,9 +96,15 @@ def speculative_decode(
     if drafter.vocab is not None:
         check_same_vocab(target.vocab, drafter.vocab)
     policy = as_policy(gamma, target)  # after the cheap checks: "auto" may measure the target first
+    trees = getattr(target, "supports_trees", False)
+    if not trees and getattr(drafter, "proposes_trees", False):
+        warnings.warn(f"the {getattr(target, 'backend', type(target).__name__)} backend verifies chains only: "
+                      "tree drafts are cut to their main chain", RuntimeWarning, stacklevel=2)
     eos = frozenset(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
     gen = make_generator(seed, generator, target.device)
     drafter.reset(params, gen)
+    if hasattr(drafter, "begin"):  # a drafter that tells the prompt from the output (suffix drafting)
+        drafter.begin(prompt)
     limit = target.max_positions
     context = list(prompt)
     cache = target.new_cache()  # owned by this generator: stopping early leaves nothing to restore
@@ -120,6 +127,10 @@ def speculative_decode(
         draft = drafter.propose(context, g) if g else NO_DRAFT
         shadow_draft = drafter.propose(context, 1) if shadow else None
         t1 = time.perf_counter()
+        if draft.parents is not None and (not trees or lenience < 1):  # lenient acceptance is for chains
+            draft = draft.chain()
+        if shadow_draft is not None:
+            shadow_draft = shadow_draft.chain()
         g = draft.gamma
 
         # 3. Score the draft in ONE target call, fed after the context tokens the cache has not seen:
@@ -128,16 +139,24 @@ def speculative_decode(
             raise RuntimeError(f"the target cache holds {len(cache)} positions for a context of {len(context)}: "
                                "its trim() did not roll back")
         unseen = torch.tensor([context[len(cache):]])  # [1, u]
-        logits = target.forward(torch.cat([unseen, draft.tokens], dim=1), cache, num_logits=g + 1)  # [1, g+1, V]
-
-        # 4. Speculative sampling: keep n draft tokens, add one corrected or bonus token.
-        new, n, betas = _sample(draft, shadow_draft, logits, params, gen, lenience)
-        t2 = time.perf_counter()
-
-        # 5. Roll back: the target cache now holds context + g drafts; keep context + n accepted.
-        #    The extra token is the newest context token: it is fed with the next draft. When all g
-        #    were accepted nothing is trimmed, and the drafter catches up on its last token itself.
-        cache.trim(g - n)
+        tokens = torch.cat([unseen, draft.tokens], dim=1)
+        if draft.parents is None:
+            logits = target.forward(tokens, cache, num_logits=g + 1)  # [1, g+1, V]
+            # 4. Speculative sampling: keep n draft tokens, add one corrected or bonus token.
+            new, n, betas = _sample(draft, shadow_draft, logits, params, gen, lenience)
+            t2 = time.perf_counter()
+            # 5. Roll back: the target cache now holds context + g drafts; keep context + n accepted.
+            #    The extra token is the newest context token: it is fed with the next draft. When all g
+            #    were accepted nothing is trimmed, and the drafter catches up on its last token itself.
+            cache.trim(g - n)
+        else:  # a tree: every node scored in one call, then one root-to-node path kept
+            u, start = unseen.shape[1], len(cache)
+            parents = list(range(-1, u - 1)) + [u - 1 if p < 0 else u + p for p in draft.parents]
+            logits = target.forward(tokens, cache, num_logits=g + 1, parents=parents)  # [1, g+1, V]
+            new, path, betas = _walk_tree(draft, logits, params, gen)
+            t2 = time.perf_counter()
+            n = len(path)
+            cache.keep(start + u, [start + u + i for i in path])
         drafter.accept(n)
         if not prefill:  # the prefill says nothing about step costs
             policy.observe(betas, g + 1, t2 - t1, t1 - t0, g or (shadow_draft.gamma if shadow_draft else 0))
@@ -171,6 +190,39 @@ def _sample(draft: Draft, shadow: Draft | None, logits: torch.Tensor, params: Sa
     betas = draft_acceptance(draft.tokens[0, :kept], None if draft_probs is None else draft_probs[0, :kept],
                              target_probs[0, :kept])
     return verdict.emitted(0), n, betas.tolist()
+
+
+def _walk_tree(draft: Draft, logits: torch.Tensor, params: SamplingParams,
+               gen: torch.Generator) -> tuple[list[int], list[int], list[float]]:
+    """Verify a tree of deterministic guesses (logits [1, g+1, V]: row 0 after the context, row
+    1 + i after node i): draw the target's token where the walk stands; if a child of that node
+    guessed it, step into the child and draw again, else emit it and stop. Every emitted token is
+    drawn from the target's own distribution after the tokens before it, so the output is the
+    target's exactly; the draft only decides how many draws one call serves. Returns (emitted
+    tokens, the kept nodes, betas: at each node with children that the walk reached, the target's
+    probability of the children's tokens, the chance of going on)."""
+    guesses = draft.tokens[0].tolist()
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(draft.parents):
+        children.setdefault(parent, []).append(node)
+    path, betas, node = [], [], -1
+    while True:
+        row = logits[0, node + 1]  # [V]
+        kids = children.get(node, [])
+        if params.is_greedy:
+            token = int(draw(row, params))
+            if kids:
+                betas.append(float(any(guesses[k] == token for k in kids)))
+        else:
+            probs = params.probs(row)
+            token = int(sample(probs, gen))
+            if kids:
+                betas.append(float(probs[[guesses[k] for k in kids]].sum()))
+        follow = next((k for k in kids if guesses[k] == token), None)
+        if follow is None:
+            return [guesses[k] for k in path] + [token], path, betas
+        path.append(follow)
+        node = follow
 
 
 def _greedy_verify(draft: Draft, logits: torch.Tensor, params: SamplingParams) -> tuple[list[int], int, list[float]]:

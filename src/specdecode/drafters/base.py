@@ -18,14 +18,27 @@ class Draft:
     tokens: [B, g] int64, g <= gamma (a drafter may propose fewer, even none).
     probs:  [B, g, V] float32, the adjusted distributions the tokens were drawn from, or None
             for a deterministic drafter (q is then a point mass on each token).
+    parents: None for a chain; for a tree of deterministic guesses (B = 1, probs None), token i's
+            parent among the tokens (< i), or -1 where it follows the context; siblings differ.
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
+    parents: list[int] | None = None
 
     @property
     def gamma(self) -> int:
         return self.tokens.shape[1]
+
+    def chain(self) -> Draft:
+        """A tree's main chain (from the context, each node's first child): what a target that
+        cannot verify trees verifies. A chain is its own."""
+        if self.parents is None:
+            return self
+        path, node = [], -1
+        while (node := next((i for i, p in enumerate(self.parents) if p == node), None)) is not None:
+            path.append(node)
+        return Draft(self.tokens[:, path])
 
 
 class Drafter(Protocol):

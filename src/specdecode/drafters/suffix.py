@@ -13,6 +13,7 @@ back and emptied nodes deleted.
 
 from __future__ import annotations
 
+import heapq
 import math
 import threading
 from collections import deque
@@ -92,27 +93,71 @@ class SuffixTrie:
                     break
                 node = child
 
+    def children(self, node: Node, context: Sequence[int], path: list[int]) -> dict[int, Node]:
+        """What followed `node`, the end of a suffix of context + path; at the depth limit, what
+        followed the longest suffix of half the depth (the walk goes on from there)."""
+        if not node.children and node.depth >= self.depth:
+            ends = self.match(list(context[-self.depth :]) + path)[: self.depth // 2]
+            node = ends[-1] if ends else self.root
+        return node.children
+
     def continuation(self, start: Node, context: Sequence[int], length: int, min_count: int) -> list[int]:
         """Up to `length` tokens down the most frequent children from `start` (the end of a suffix of
-        `context`); at the depth limit the walk goes on from the longest suffix of half the depth."""
+        `context`)."""
         tokens, node = [], start
         while len(tokens) < length:
-            if not node.children and node.depth >= self.depth:
-                ends = self.match(list(context[-self.depth :]) + tokens)
-                ends = ends[: self.depth // 2]
-                node = ends[-1] if ends else self.root
-            if not node.children:
+            children = self.children(node, context, tokens)
+            if not children:
                 break
-            token, child = max(node.children.items(), key=lambda item: item[1].count)
-            if child.count < min_count:
+            token, node = max(children.items(), key=lambda item: item[1].count)
+            if node.count < min_count:
                 break
             tokens.append(token)
-            node = child
         return tokens
+
+    def tree(self, start: Node, context: Sequence[int], budget: int, max_depth: int,
+             min_count: int) -> tuple[list[int], list[int]]:
+        """The `budget` likeliest continuations below `start` as a tree (tokens, parents; parents
+        before children), no deeper than `max_depth`: best first by the product of each step's
+        frequency among its siblings (SpecInfer's and SuffixDecoding's estimate of reaching a node)."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        paths: list[list[int]] = []
+        frontier: list[tuple[float, int, int, Node, int]] = []  # (-probability, order, token, node, parent)
+
+        def expand(node: Node, parent: int, probability: float, path: list[int]) -> None:
+            children = self.children(node, context, path)
+            total = sum(child.count for child in children.values())
+            for token, child in children.items():
+                if child.count >= min_count:
+                    heapq.heappush(frontier, (-probability * child.count / total, len(tokens) + len(frontier),
+                                              token, child, parent))
+
+        expand(start, -1, 1.0, [])
+        while frontier and len(tokens) < budget:
+            negative, _, token, node, parent = heapq.heappop(frontier)
+            path = (paths[parent] if parent >= 0 else []) + [token]
+            tokens.append(token)
+            parents.append(parent)
+            paths.append(path)
+            if len(path) < max_depth:
+                expand(node, len(tokens) - 1, -negative, path)
+        return tokens, parents
 
 
 def _size(node: Node) -> int:
     return 1 + sum(_size(child) for child in node.children.values())
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+_NO_LOCK = _NoLock()
 
 
 class _Output:
@@ -168,14 +213,16 @@ class SuffixDrafter:
     """Proposes the most frequent continuation of the longest earlier occurrence of the context's
     suffix, in this request (prompt and output) or, through `cache`, in earlier outputs.
 
-    depth: the longest suffix matched (the cache's, when given); spec_factor: tokens proposed per
-    matched token (at least one, at most the loop's gamma); min_count: how often a continuation
-    must have been seen to be proposed."""
+    depth: the longest suffix matched (the cache's, when given); spec_factor: tokens deep per
+    matched token (at least one; the loop's gamma bounds the count); min_count: how often a
+    continuation must have been seen to be proposed; trees: propose the gamma likeliest
+    continuations as a tree (targets that verify chains only take its main chain), else one chain.
+    """
 
     vocab = None  # it only copies token ids it has seen (the target's)
 
     def __init__(self, cache: SuffixCache | None = None, depth: int = 24, spec_factor: float = 1.0,
-                 min_count: int = 1) -> None:
+                 min_count: int = 1, trees: bool = True) -> None:
         if spec_factor <= 0:
             raise ValueError(f"spec_factor must be > 0, got {spec_factor}")
         if min_count < 1:
@@ -183,6 +230,7 @@ class SuffixDrafter:
         self.cache = cache
         self.depth = cache.trie.depth if cache is not None else depth
         self.spec_factor, self.min_count = spec_factor, min_count
+        self.proposes_trees = trees
         self._forget()
 
     def _forget(self) -> None:
@@ -197,6 +245,13 @@ class SuffixDrafter:
     def reset(self, params: SamplingParams, generator: torch.Generator | None) -> None:
         self._forget()
 
+    def begin(self, prompt: Sequence[int]) -> None:
+        """The decode loop says where the prompt ends: what follows it is output, for the shared trie.
+        (Without it the first proposal's context is taken for the prompt.)"""
+        self._prompt_length = len(prompt)
+        if self.cache is not None:
+            self._shared_ends = self.cache.match(prompt)
+
     def _update(self, context: Sequence[int]) -> None:
         seen, T = self._seen, len(self._seen)
         if len(context) < T or any(context[i] != seen[i] for i in {0, T // 2, T - 1} if T):
@@ -204,15 +259,13 @@ class SuffixDrafter:
             seen, T = self._seen, 0
         cache = self.cache
         if self._prompt_length is None:
-            self._prompt_length = len(context)
-            if cache is not None:
-                self._shared_ends = cache.match(context)
+            self.begin(context)
         for position in range(T, len(context)):
             token = int(context[position])
             seen.append(token)
             self._local_ends = self.local.extend(self._local_ends, token)
             if cache is None or position < self._prompt_length:
-                continue
+                continue  # the prompt's suffixes in the shared trie were matched whole by `begin`
             if self._output is None:
                 self._output = cache.start()
             self._written = cache.append(self._output, self._written, token)  # the output, as it is written
@@ -229,12 +282,14 @@ class SuffixDrafter:
                     break
         if best is None or gamma < 1:
             return Draft(torch.empty(1, 0, dtype=torch.long))
-        length = min(gamma, max(1, math.floor(self.spec_factor * best.depth)))
-        if trie is self.cache:
-            with self.cache.lock:
-                tokens = self.cache.trie.continuation(best, self._seen, length, self.min_count)
-        else:
-            tokens = self.local.continuation(best, self._seen, length, self.min_count)
+        depth = max(1, math.floor(self.spec_factor * best.depth))
+        source = self.cache.trie if trie is self.cache else self.local
+        lock = self.cache.lock if trie is self.cache else _NO_LOCK
+        with lock:
+            if self.proposes_trees:
+                tokens, parents = source.tree(best, self._seen, gamma, depth, self.min_count)
+                return Draft(torch.tensor([tokens], dtype=torch.long), parents=parents)
+            tokens = source.continuation(best, self._seen, min(gamma, depth), self.min_count)
         return Draft(torch.tensor([tokens], dtype=torch.long))
 
     def accept(self, num_accepted: int) -> None:

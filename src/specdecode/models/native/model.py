@@ -28,6 +28,7 @@ class NativeLlama:
     """A Llama-family causal LM behind the model protocol (batch size 1)."""
 
     backend = "native"
+    supports_trees = True  # forward(..., parents=...) verifies a draft tree in one call
 
     PREFILL_CHUNK = 256
 
