@@ -988,6 +988,20 @@ static int quantize_q8(const float *x, int rows, int in, q8_rows_t *a) {
     return 0;
 }
 
+/* CALL(r0, R) over rows 0.. in groups of at most MAX (1, 4 or 8), R a constant in each call, so that
+ * each ROWS_FN is compiled for every group size it takes. */
+#define FOR_ROW_GROUPS(MAX, rows, CALL) FOR_ROW_GROUPS_(MAX, rows, CALL)
+#define FOR_ROW_GROUPS_(MAX, rows, CALL)                                                         \
+    for (int r0 = 0; r0 < (rows); r0 += MAX) switch ((rows) - r0 >= MAX ? MAX : (rows) - r0) {  \
+        ROW_GROUP_CASES_##MAX(CALL)                                                              \
+        default: CALL(r0, 1);                                                                    \
+        }
+#define ROW_GROUP_CASES_1(CALL)
+#define ROW_GROUP_CASES_4(CALL) case 4: CALL(r0, 4); break; case 3: CALL(r0, 3); break; case 2: CALL(r0, 2); break;
+#define ROW_GROUP_CASES_8(CALL)                                                                  \
+    case 8: CALL(r0, 8); break; case 7: CALL(r0, 7); break; case 6: CALL(r0, 6); break;          \
+    case 5: CALL(r0, 5); break; ROW_GROUP_CASES_4(CALL)
+
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 /* R rows (1-8) of one 16-output block with AVX512-VNNI: per chunk of 4 inputs the 32 packed bytes
  * are loaded into both halves of a vector, the high half shifted by 4, and one mask gives the 64
@@ -1025,21 +1039,7 @@ static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, 
     for (int r = 0; r < R; r++) _mm512_storeu_ps(y + (long)(r0 + r) * out + (long)nb * 16, acc[r]);
 }
 
-static void q4q8_block(const q8_rows_t *a, const uint8_t *qb, const uint16_t *cb, float *y, int rows, int in,
-                       int out, int nb) {
-    for (int r0 = 0; r0 < rows; r0 += 8) {
-        switch (rows - r0 >= 8 ? 8 : rows - r0) {
-        case 8: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 8); break;
-        case 7: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 7); break;
-        case 6: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 6); break;
-        case 5: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 5); break;
-        case 4: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 4); break;
-        case 3: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 3); break;
-        case 2: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 2); break;
-        default: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 1);
-        }
-    }
-}
+#define Q4Q8_ROWS 8
 #elif defined(__AVX2__) && defined(__FMA__)
 /* R rows (1-4) of one 16-output block: per chunk of 4 inputs one load and two masks unpack 32
  * weights for all R rows; vpmaddubsw (u8 weight x s8 activation, pairs summed into int16) runs
@@ -1084,17 +1084,7 @@ static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, 
     }
 }
 
-static void q4q8_block(const q8_rows_t *a, const uint8_t *qb, const uint16_t *cb, float *y, int rows, int in,
-                       int out, int nb) {
-    for (int r0 = 0; r0 < rows; r0 += 4) {
-        switch (rows - r0 >= 4 ? 4 : rows - r0) {
-        case 4: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 4); break;
-        case 3: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 3); break;
-        case 2: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 2); break;
-        default: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 1);
-        }
-    }
-}
+#define Q4Q8_ROWS 4
 #elif defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD)
 static inline float32x4_t load_half4(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
 
@@ -1139,22 +1129,12 @@ static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, 
         for (int k = 0; k < 4; k++) vst1q_f32(y + (long)(r0 + r) * out + (long)nb * 16 + 4 * k, acc[r][k]);
 }
 
-static void q4q8_block(const q8_rows_t *a, const uint8_t *qb, const uint16_t *cb, float *y, int rows, int in,
-                       int out, int nb) {
-    for (int r0 = 0; r0 < rows; r0 += 4) {
-        switch (rows - r0 >= 4 ? 4 : rows - r0) {
-        case 4: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 4); break;
-        case 3: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 3); break;
-        case 2: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 2); break;
-        default: q4q8_rows(a, qb, cb, y, in, out, nb, r0, 1);
-        }
-    }
-}
+#define Q4Q8_ROWS 4
 #else
-static void q4q8_block(const q8_rows_t *a, const uint8_t *qb, const uint16_t *cb, float *y, int rows, int in,
-                       int out, int nb) {
+static void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const uint16_t *cb, float *y, int in, int out, int nb,
+                      int r0, const int R) {
     const int groups = in / 32;
-    for (int r = 0; r < rows; r++) {
+    for (int r = r0; r < r0 + R; r++) {
         float acc[16] = {0};
         for (int g = 0; g < groups; g++) {
             const uint8_t *grp = qb + (long)g * 256;
@@ -1175,6 +1155,7 @@ static void q4q8_block(const q8_rows_t *a, const uint8_t *qb, const uint16_t *cb
         memcpy(y + (long)r * out + (long)nb * 16, acc, sizeof acc);
     }
 }
+#define Q4Q8_ROWS 1
 #endif
 
 /* Which vector integer dot product this build's q4q8_matmul runs on: 2 vpdpbusd (AVX512-VNNI), 1
@@ -1193,8 +1174,12 @@ int q4q8_vector(void) {
 
 static void q4q8_blocks(void *ctx, int nb) {
     const product_t *p = ctx;
-    q4q8_block(p->extra, (const uint8_t *)p->q + (long)nb * p->in * 8,
-               (const uint16_t *)p->coef + (long)nb * (p->in / 32) * 32, p->y, p->rows, p->in, p->out, nb);
+    const int in = p->in, out = p->out;
+    const uint8_t *qb = (const uint8_t *)p->q + (long)nb * in * 8;
+    const uint16_t *cb = (const uint16_t *)p->coef + (long)nb * (in / 32) * 32;
+#define Q4Q8_CALL(r0, R) q4q8_rows(p->extra, qb, cb, p->y, in, out, nb, r0, R)
+    FOR_ROW_GROUPS(Q4Q8_ROWS, p->rows, Q4Q8_CALL)
+#undef Q4Q8_CALL
 }
 
 int q4q8_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y, int rows, int in, int out,
@@ -1351,22 +1336,9 @@ static void q8q8_blocks(void *ctx, int nb) {
     const uint8_t *qb = (const uint8_t *)p->q + (long)nb * in * 16;
     const float *sb = (const float *)p->coef + (long)nb * (in / 32) * 16;
     float *y = p->y;
-    for (int r0 = 0; r0 < rows; r0 += Q8Q8_ROWS) {
-        switch (rows - r0 >= Q8Q8_ROWS ? Q8Q8_ROWS : rows - r0) {
-#if Q8Q8_ROWS == 8
-        case 8: q8q8_rows(a, qb, sb, y, in, out, nb, r0, 8); break;
-        case 7: q8q8_rows(a, qb, sb, y, in, out, nb, r0, 7); break;
-        case 6: q8q8_rows(a, qb, sb, y, in, out, nb, r0, 6); break;
-        case 5: q8q8_rows(a, qb, sb, y, in, out, nb, r0, 5); break;
-#endif
-#if Q8Q8_ROWS >= 4
-        case 4: q8q8_rows(a, qb, sb, y, in, out, nb, r0, 4); break;
-        case 3: q8q8_rows(a, qb, sb, y, in, out, nb, r0, 3); break;
-        case 2: q8q8_rows(a, qb, sb, y, in, out, nb, r0, 2); break;
-#endif
-        default: q8q8_rows(a, qb, sb, y, in, out, nb, r0, 1);
-        }
-    }
+#define Q8Q8_CALL(r0, R) q8q8_rows(a, qb, sb, y, in, out, nb, r0, R)
+    FOR_ROW_GROUPS(Q8Q8_ROWS, rows, Q8Q8_CALL)
+#undef Q8Q8_CALL
 }
 
 int q8q8_matmul(const float *x, const uint8_t *q, const float *scales, float *y, int rows, int in, int out,
