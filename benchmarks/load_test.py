@@ -15,14 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
-from loadtest import run_load
+from loadtest import run_load, served
 
 
 def main() -> int:
@@ -36,25 +32,11 @@ def main() -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "specdecode", "serve", "--port", str(port), "--model-name", "smol",
-               "--max-queue", str(args.max_queue), *args.server_args.split()]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(1)
+    with served("--model-name", "smol", "--max-queue", str(args.max_queue), *args.server_args.split()) as (
+            server, port, command):
         report = run_load(f"http://127.0.0.1:{port}/v1", "smol", args.requests, args.concurrency, args.max_tokens,
                           server_pid=server.pid, deadline_seconds=args.deadline)
         alive = server.poll() is None
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
     summary = report.summary() | {"server_alive_at_end": alive}
     growth = (report.rss_at_end - report.rss_after_warmup) / report.rss_after_warmup
     summary["rss_growth"] = f"{growth:+.1%}"

@@ -10,12 +10,38 @@ Requests refused with 429 (queue full) are counted and retried after the Retry-A
 from __future__ import annotations
 
 import json
+import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+
+@contextmanager
+def served(*serve_args: str):
+    """`specdecode serve` on a free port of 127.0.0.1, answering /health: yields (process, port, command);
+    stopped on exit."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "specdecode", "serve", "--port", str(port), *serve_args]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(1)
+        yield server, port, command
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
 
 PROMPTS = [
     "Summarize in one sentence: the bridge closed on Monday for repairs and will reopen in May.",

@@ -12,17 +12,16 @@ from __future__ import annotations
 import argparse
 import platform
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from openai import OpenAI
 
 from specdecode.models.native import plan
+
+from loadtest import served
 
 FIRST = ["Ada", "Ben", "Chloe", "Dmitri", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kemi", "Luca"]
 LAST = ["Moreau", "Okafor", "Svensson", "Tanaka", "Alvarez", "Novak", "Kowalski", "Haddad", "Byrne", "Rossi"]
@@ -51,23 +50,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "specdecode", "serve", "--port", str(port), "--model-name", "smol",
-               "--draft", "suffix", "--also-draft", "lookup"]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     methods = {"plain": dict(draft="lookup", gamma=0), "lookup": dict(draft="lookup", gamma="auto"),
                "suffix": dict(draft="suffix", gamma="auto")}
     rows = []  # (request, method, tokens, seconds, tokens per call)
-    try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(1)
+    with served("--model-name", "smol", "--draft", "suffix", "--also-draft", "lookup") as (_, port, _command):
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+        # warm-up, not timed: the server measures its verification curve for "auto" on first use
+        client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Hello"}], max_tokens=8,
+                                       extra_body={"specdecode": methods["lookup"]})
         for number, text in enumerate(prompts(args.requests)):
             outputs = {}
             for method, options in methods.items():
@@ -82,9 +72,6 @@ def main() -> int:
             if len(set(outputs.values())) != 1:
                 raise SystemExit(f"request {number}: the outputs differ: {outputs}")
             print(number, {m: f"{r[2] / r[3]:.0f} tok/s" for m, r in zip(methods, rows[-3:])}, file=sys.stderr)
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
 
     def rate(method: str, requests) -> tuple[float, float]:
         chosen = [r for r in rows if r[1] == method and r[0] in requests]
