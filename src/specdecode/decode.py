@@ -5,7 +5,9 @@ Cache invariant, for the target and a model drafter alike: between iterations th
 every context token except the newest one, which is fed together with the next draft (the first
 iteration feeds the whole prompt: the prefill). One target forward over
 [newest, d_1, ..., d_g] then gives the g+1 distributions the verifier needs, and a rejection is
-undone by trimming the g - n rejected positions, never by recomputing the prefix.
+undone by trimming the g - n rejected positions, never by recomputing the prefix. A draft tree
+(a target with `supports_trees`) is scored the same way in one forward, and the walked path is
+kept with `cache.keep` instead of a trim.
 """
 
 from __future__ import annotations
