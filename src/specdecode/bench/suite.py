@@ -43,7 +43,8 @@ def plan_suite(target, backend: str, gammas, draft_model=None, draft_spec: str |
         drafters["ngram"] = lambda: make_drafter(NGRAM + ngram, target)  # fresh counts for every run
         methods += [Method("ngram", g) for g in gammas]
     if suffix:
-        drafters["suffix"] = SuffixDrafter  # a fresh one a run: no memory of the prompts run before
+        trees = getattr(target, "supports_trees", False)  # trees where the target verifies them, else chains
+        drafters["suffix"] = lambda: SuffixDrafter(trees=trees)  # a fresh one a run: no memory of earlier prompts
         methods += [Method("suffix", g) for g in gammas]
     suite = Suite(methods, drafters)
     if draft_model is not None:

@@ -77,8 +77,8 @@ def make_drafter(spec: DraftSpec | str, target: Model, draft_model: Model | None
     spec = spec if isinstance(spec, DraftSpec) else DraftSpec(spec)
     if spec.spec == LOOKUP:
         return PromptLookupDrafter()
-    if spec.spec == SUFFIX:
-        return SuffixDrafter(suffix_cache)
+    if spec.spec == SUFFIX:  # trees where the target verifies them in one call, else chains
+        return SuffixDrafter(suffix_cache, trees=getattr(target, "supports_trees", False))
     if spec.spec.startswith(NGRAM):
         return NgramDrafter.load(spec.spec[len(NGRAM):])
     if draft_model is None:
