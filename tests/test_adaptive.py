@@ -93,3 +93,15 @@ def test_invalid_policy_settings_are_refused():
         AdaptiveGamma(FREE, max_gamma=0)
     with pytest.raises(ValueError, match="decay"):
         AdaptiveGamma(FREE, decay=1.0)
+
+
+def test_a_tree_is_cut_where_another_node_no_longer_pays_for_its_verification():
+    policy = AdaptiveGamma([0.0, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9])  # each row costs 0.1 step
+    reach = [0.9, 0.8, 0.5, 0.3, 0.2, 0.1]
+    # the prior trusts half the drafter's estimate: (1 + 0.5 sum reach) / (1 + 0.1 n) peaks at n = 3 (1.62)
+    assert policy.tree_size(reach, 8) == 3
+    assert policy.tree_size(reach, 2) == 2  # never past the room left
+    assert policy.tree_size([0.1, 0.05], 8) == 0  # plain decoding is better
+    for _ in range(30):  # the estimates turn out right: trusted fully, (1 + sum) / (1 + 0.1 n) peaks at 4
+        policy.observe_tree(2.0, 2)
+    assert policy.tree_size(reach, 8) == 4

@@ -126,11 +126,16 @@ def speculative_decode(
 
         # 2. Draft.
         t0 = time.perf_counter()
-        draft = drafter.propose(context, g) if g else NO_DRAFT
+        sized = g and trees and lenience == 1 and getattr(drafter, "proposes_trees", False) and hasattr(
+            policy, "tree_size")  # a tree drafted to the policy's widest budget, then cut by its cost model
+        draft = drafter.propose(context, max(g, min(policy.max_gamma, room)) if sized else g) if g else NO_DRAFT
         shadow_draft = drafter.propose(context, 1) if shadow else None
         t1 = time.perf_counter()
         if draft.parents is not None and (not trees or lenience < 1):  # lenient acceptance is for chains
             draft = draft.chain()
+        elif sized and draft.reach is not None:
+            draft = draft.prefix(policy.tree_size(draft.reach, room))
+            draft = draft if draft.gamma else NO_DRAFT
         if shadow_draft is not None:
             shadow_draft = shadow_draft.chain()
         g = draft.gamma
@@ -159,6 +164,8 @@ def speculative_decode(
             t2 = time.perf_counter()
             n = len(path)
             cache.keep(start + u, [start + u + i for i in path])
+            if draft.reach is not None and hasattr(policy, "observe_tree"):
+                policy.observe_tree(sum(draft.reach), n)
         drafter.accept(n)
         if not prefill:  # the prefill says nothing about step costs
             policy.observe(betas, g + 1, t2 - t1, t1 - t0, g or (shadow_draft.gamma if shadow_draft else 0))

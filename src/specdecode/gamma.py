@@ -94,6 +94,29 @@ class AdaptiveGamma:
         self._since_shadow = 0
         self._iterations = 0
         self.step_seconds: float | None = None  # running estimate of T(1)
+        # draft trees: how the drafter's estimates of reaching its nodes compare with what the target
+        # accepted (running sums; the prior says half)
+        self._tree_accepted, self._tree_predicted = 1.0, 2.0
+
+    def tree_size(self, reach: Sequence[float], limit: int) -> int:
+        """How many of a draft tree's nodes to verify. `reach` holds each node's estimated chance of
+        being reached, best first (so any prefix is a tree): the n maximising expected tokens per
+        unit time, (1 + k sum_{i<n} reach_i) / (T(n+1)/T(1)), k calibrating the estimates against
+        the accepted depths seen so far. n = 0 (plain decoding) scores 1. A chain is the case of a
+        tree with one child a node, whose reach is alpha^depth."""
+        k = self._tree_accepted / self._tree_predicted
+        best_n, best, total = 0, 1.0, 0.0
+        for n in range(1, min(len(reach), limit, len(self.verify_ratios) - 2) + 1):
+            total += reach[n - 1]
+            rate = (1 + k * total) / self.verify_cost(n + 1)
+            if rate > best:
+                best_n, best = n, rate
+        return best_n
+
+    def observe_tree(self, predicted: float, accepted: int) -> None:
+        """A verified tree: the summed reach of its nodes, and the depth the target accepted."""
+        self._tree_accepted = self.decay * self._tree_accepted + accepted
+        self._tree_predicted = self.decay * self._tree_predicted + predicted
 
     def choose(self, limit: int) -> int:
         """The best gamma in 0..min(max_gamma, limit)."""

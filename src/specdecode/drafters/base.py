@@ -20,15 +20,22 @@ class Draft:
             for a deterministic drafter (q is then a point mass on each token).
     parents: None for a chain; for a tree of deterministic guesses (B = 1, probs None), token i's
             parent among the tokens (< i), or -1 where it follows the context; siblings differ.
+    reach:  for a tree, optionally, the drafter's estimate of each node's chance of being reached,
+            best first: any prefix of the nodes is then a tree worth verifying (`prefix`).
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
     parents: list[int] | None = None
+    reach: list[float] | None = None
 
     @property
     def gamma(self) -> int:
         return self.tokens.shape[1]
+
+    def prefix(self, n: int) -> Draft:
+        """A tree's first n nodes (a tree, for drafts that give `reach`)."""
+        return Draft(self.tokens[:, :n], None, self.parents[:n], self.reach[:n] if self.reach else None)
 
     def chain(self) -> Draft:
         """A tree's main chain (from the context, each node's first child): what a target that

@@ -117,12 +117,14 @@ class SuffixTrie:
         return tokens
 
     def tree(self, start: Node, context: Sequence[int], budget: int, max_depth: int,
-             min_count: int) -> tuple[list[int], list[int]]:
-        """The `budget` likeliest continuations below `start` as a tree (tokens, parents; parents
-        before children), no deeper than `max_depth`: best first by the product of each step's
-        frequency among its siblings (SpecInfer's and SuffixDecoding's estimate of reaching a node)."""
+             min_count: int) -> tuple[list[int], list[int], list[float]]:
+        """The `budget` likeliest continuations below `start` as a tree (tokens, parents, reach;
+        parents before children), no deeper than `max_depth`: best first by the product of each
+        step's frequency among its siblings (SpecInfer's and SuffixDecoding's estimate of reaching
+        a node), which is its reach."""
         tokens: list[int] = []
         parents: list[int] = []
+        reach: list[float] = []
         paths: list[list[int]] = []
         frontier: list[tuple[float, int, int, Node, int]] = []  # (-probability, order, token, node, parent)
 
@@ -140,10 +142,11 @@ class SuffixTrie:
             path = (paths[parent] if parent >= 0 else []) + [token]
             tokens.append(token)
             parents.append(parent)
+            reach.append(-negative)
             paths.append(path)
             if len(path) < max_depth:
                 expand(node, len(tokens) - 1, -negative, path)
-        return tokens, parents
+        return tokens, parents, reach
 
 
 def _size(node: Node) -> int:
@@ -277,8 +280,8 @@ class SuffixDrafter:
         lock = self.cache.lock if trie is self.cache else nullcontext()
         with lock:
             if self.proposes_trees:
-                tokens, parents = source.tree(best, self._seen, gamma, depth, self.min_count)
-                return Draft(torch.tensor([tokens], dtype=torch.long), parents=parents)
+                tokens, parents, reach = source.tree(best, self._seen, gamma, depth, self.min_count)
+                return Draft(torch.tensor([tokens], dtype=torch.long), parents=parents, reach=reach)
             tokens = source.continuation(best, self._seen, min(gamma, depth), self.min_count)
         return Draft(torch.tensor([tokens], dtype=torch.long))
 
