@@ -105,3 +105,16 @@ def test_a_tree_is_cut_where_another_node_no_longer_pays_for_its_verification():
     for _ in range(30):  # the estimates turn out right: trusted fully, (1 + sum) / (1 + 0.1 n) peaks at 4
         policy.observe_tree(2.0, 2)
     assert policy.tree_size(reach, 8) == 4
+
+
+def test_verification_costs_follow_the_context_length():
+    """Each verified row attends to every cached position: past the profiled context the curve
+    rises, and the policy drafts less."""
+    curve = [0.0, 1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.35, 1.4]
+    policy = AdaptiveGamma(curve, prior_alpha=0.6, position_cost=0.001, profile_context=256)
+    assert policy.verify_cost(4) == pytest.approx(1.15)  # at the profiled context: the curve itself
+    short = policy.choose(8)
+    policy.context_length = 2256  # 2000 more positions: a row's attention costs 2 of the old steps
+    assert policy.verify_cost(4) == pytest.approx((1.15 + 4 * 2.0) / 3.0)
+    assert policy.choose(8) < short
+    assert AdaptiveGamma(curve, position_cost=-1.0).verify_cost(4) == pytest.approx(1.15)  # noise: no gain

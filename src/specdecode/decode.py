@@ -122,6 +122,8 @@ def speculative_decode(
         if limit:
             room = min(room, limit - len(context) - 1)
         prefill = len(cache) == 0
+        if hasattr(policy, "context_length"):  # verification costs more rows of attention as the context grows
+            policy.context_length = len(context)
         g, shadow = (0, False) if prefill else policy.plan(room)
 
         # 2. Draft.

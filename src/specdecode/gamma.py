@@ -63,20 +63,28 @@ def as_policy(gamma: "int | str | GammaPolicy", target=None, max_gamma: int = 8)
             raise ValueError("gamma 'auto' needs the target whose verification cost it measures")
         from .models.profile import profile_model
 
-        return AdaptiveGamma(profile_model(target).verify_ratios, max_gamma=max_gamma)
+        profile = profile_model(target)
+        return AdaptiveGamma(profile.verify_ratios, max_gamma=max_gamma, profile_context=profile.context,
+                             position_cost=profile.row_position_seconds / profile.step_seconds)
     return FixedGamma(gamma)
 
 
 class AdaptiveGamma:
     """Running estimates of alpha (acceptance) and c (draft cost ratio) feeding the cost model above.
 
-    verify_ratios: T(k)/T(1) for k = 1..K (entry 0 unused), e.g. `Profile.verify_ratios`.
+    verify_ratios: T(k)/T(1) for k = 1..K (entry 0 unused), e.g. `Profile.verify_ratios`, measured
+    after `profile_context` cached positions.
+    position_cost: what one new row costs per further cached position (its attention), in units of
+    that T(1) (`Profile.row_position_seconds / step_seconds`). With it the curve follows the
+    context: at L cached positions a forward over k rows costs (T(k) + k e) / (T(1) + e) steps with
+    e = position_cost (L - profile_context), so long prompts verify fewer rows. The decode loop sets
+    `context_length` before each plan.
     decay: weight of the past in the exponential moving averages (per observed position).
     """
 
     def __init__(self, verify_ratios: Sequence[float], max_gamma: int = 8, prior_alpha: float = 0.5,
                  prior_cost: float = 0.0, decay: float = 0.9, shadow_cost_limit: float = 0.2,
-                 probe_every: int = 16) -> None:
+                 probe_every: int = 16, position_cost: float = 0.0, profile_context: int = 256) -> None:
         if max_gamma < 1:
             raise ValueError(f"max_gamma must be >= 1, got {max_gamma}")
         if not (0.0 <= prior_alpha <= 1.0):
@@ -84,7 +92,9 @@ class AdaptiveGamma:
         if not (0.0 < decay < 1.0):
             raise ValueError(f"decay must be in (0, 1), got {decay}")
         self.verify_ratios = list(verify_ratios)
-        self.verify_cost = verify_curve(verify_ratios)  # k -> T(k)/T(1)
+        self._curve = verify_curve(verify_ratios)  # k -> T(k)/T(1) after profile_context positions
+        self.position_cost, self.profile_context = max(0.0, position_cost), profile_context
+        self.context_length = profile_context
         self.max_gamma = max_gamma
         self.alpha = prior_alpha
         self.cost_ratio = prior_cost
@@ -97,6 +107,11 @@ class AdaptiveGamma:
         # draft trees: how the drafter's estimates of reaching its nodes compare with what the target
         # accepted (running sums; the prior says half)
         self._tree_accepted, self._tree_predicted = 1.0, 2.0
+
+    def verify_cost(self, k: int) -> float:
+        """T(k)/T(1) at the current context length."""
+        extra = self.position_cost * max(0, self.context_length - self.profile_context)
+        return (self._curve(k) + k * extra) / (1 + extra)
 
     def tree_size(self, reach: Sequence[float], limit: int) -> int:
         """How many of a draft tree's nodes to verify. `reach` holds each node's estimated chance of

@@ -24,6 +24,9 @@ class Profile:
     context: int
     step_seconds: float  # T(1)
     verify_ratios: list[float]  # verify_ratios[k] = T(k)/T(1), k = 1..K (entry 0 unused, 0.0)
+    # what one new row costs per further cached position (its attention over them), from T(1) after
+    # `context` and after 4 `context` positions; 0 where unmeasured
+    row_position_seconds: float = 0.0
 
     def ratio(self, k: int) -> float:
         return verify_curve(self.verify_ratios)(k)
@@ -76,13 +79,18 @@ def profile_model(model: Model, max_k: int = 16, context: int = 256, repeats: in
     name = model.name
     backend = type(model).__name__
     tag = getattr(model, "profile_tag", "")  # the native backend's kernel build: new kernels, new profile
-    path = cache_root() / "profiles" / f"{name}-{backend}{tag}-{dtype}-{threads}t-ctx{context}-k{max_k}.json"
+    path = cache_root() / "profiles" / f"{name}-{backend}{tag}-{dtype}-{threads}t-ctx{context}-k{max_k}-v2.json"
     if use_cache and path.exists():
         return Profile(**json.loads(path.read_text()))
     times = time_in_turns({name: model}, range(1, max_k + 1), context, repeats, progress)[name]
     ratios = monotone([times[k] / times[1] for k in range(1, max_k + 1)])
+    longer = 4 * context
+    per_position = 0.0
+    if longer + max_k <= (getattr(model, "max_positions", None) or longer + max_k):
+        far = time_in_turns({name: model}, (1,), longer, repeats)[name][1]
+        per_position = max(0.0, (far - times[1]) / (longer - context))
     profile = Profile(model=name, dtype=dtype, threads=threads, context=context, step_seconds=times[1],
-                      verify_ratios=[0.0] + [r / ratios[0] for r in ratios])
+                      verify_ratios=[0.0] + [r / ratios[0] for r in ratios], row_position_seconds=per_position)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(profile)))
     return profile
