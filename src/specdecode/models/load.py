@@ -6,6 +6,7 @@ is measured faster on this machine (`choose.py`; `model.backend_choice` says why
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -42,6 +43,22 @@ def load_model(path: str | None = None, backend: str = "auto", dtype: str = "aut
 
     dtype "auto": on the native backend 4-bit products where the weights are 4-bit groups (a Q4_1
     GGUF, see `native.Int4Linear`), else bf16; bf16 on transformers; llama.cpp runs the GGUF's own."""
+    model = _load(path, backend, dtype, device, threads, n_ctx, choose_by_speed, measure_again)
+    settle_garbage()
+    return model
+
+
+def settle_garbage() -> None:
+    """Collect once and freeze what survives (a loaded model's many Python objects), so that later
+    collections, set off by a drafter's or the decode loop's allocations, scan only what came after:
+    measured, a suffix drafter indexing an 800-token prompt right after loading took 117 ms, 110 of
+    them a full collection, and 9 ms with it frozen."""
+    gc.collect()
+    gc.freeze()
+
+
+def _load(path: str | None, backend: str, dtype: str, device: str | None, threads: int | None, n_ctx: int,
+          choose_by_speed: bool, measure_again: bool):
     from .default import default_target_path
 
     if backend not in BACKENDS:
