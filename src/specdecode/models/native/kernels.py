@@ -163,13 +163,7 @@ class CKernels(TorchKernels):
         """x [T, in] float32, quantised to 8 bits per group of 32 inside, @ W^T for W in Q8_0 blocks laid
         out as kernels.c's q8q8_matmul takes them: q [out / 16, in / 32, 8, 16, 4] uint8 (q + 128),
         scales [out / 16, in / 32, 16] float32 -> [T, out] float32."""
-        x = x.float().contiguous()
-        T, (blocks, groups) = x.shape[0], q.shape[:2]
-        y = torch.empty(T, blocks * 16)
-        if self._q8q8_matmul(x.data_ptr(), q.data_ptr(), scales.data_ptr(), y.data_ptr(), T, groups * 32, blocks * 16,
-                             torch.get_num_threads()):
-            raise MemoryError("8-bit product: no memory for the quantised activations")
-        return y
+        return self._grouped(self._q8q8_matmul, x, q, scales, "8-bit product")
 
     def q4_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
         """x [T, in] bf16 @ W^T for W in Q4_1 groups laid out as kernels.c's q4_matmul takes them:
@@ -185,23 +179,22 @@ class CKernels(TorchKernels):
     def q4f_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
         """x [T, in] float32 @ W^T for W in Q4_1 groups laid out as kernels.c's q4f_matmul takes them:
         q [out / 16, in / 32, 16, 16] uint8, coef [out / 16, in / 32, 2, 16] float16 (d, m) -> [T, out] float32."""
-        x = x.float().contiguous()
-        T, (blocks, groups) = x.shape[0], q.shape[:2]
-        y = torch.empty(T, blocks * 16)
-        if self._q4f_matmul(x.data_ptr(), q.data_ptr(), coef.data_ptr(), y.data_ptr(), T, groups * 32, blocks * 16,
-                            torch.get_num_threads()):
-            raise MemoryError("4-bit product: no memory for the group sums")
-        return y
+        return self._grouped(self._q4f_matmul, x, q, coef, "4-bit product")
 
     def q4q8_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
         """x [T, in] float32, quantised to 8 bits per group of 32 inside, @ W^T for W in Q4_1 groups laid
         out as kernels.c's q4q8_matmul takes them: q [out / 16, in / 32, 8, 32] uint8, coef as q4f's."""
+        return self._grouped(self._q4q8_matmul, x, q, coef, "4-bit product")
+
+    @staticmethod
+    def _grouped(product, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor, what: str) -> torch.Tensor:
+        """A product over weights laid out [out / 16, in / 32, ...] with float32 x [T, in] -> [T, out]."""
         x = x.float().contiguous()
         T, (blocks, groups) = x.shape[0], q.shape[:2]
         y = torch.empty(T, blocks * 16)
-        if self._q4q8_matmul(x.data_ptr(), q.data_ptr(), coef.data_ptr(), y.data_ptr(), T, groups * 32, blocks * 16,
-                             torch.get_num_threads()):
-            raise MemoryError("4-bit product: no memory for the quantised activations")
+        if product(x.data_ptr(), q.data_ptr(), coef.data_ptr(), y.data_ptr(), T, groups * 32, blocks * 16,
+                   torch.get_num_threads()):
+            raise MemoryError(f"{what}: no memory for the rows' group sums or quantised activations")
         return y
 
     def f32_matmul(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
