@@ -130,7 +130,8 @@ def speculative_decode(
         t0 = time.perf_counter()
         sized = g and trees and lenience == 1 and getattr(drafter, "proposes_trees", False) and hasattr(
             policy, "tree_size")  # a tree drafted to the policy's widest budget, then cut by its cost model
-        draft = drafter.propose(context, max(g, min(policy.max_gamma, room)) if sized else g) if g else NO_DRAFT
+        budget = max(g, min(policy.max_gamma, room)) if sized else g
+        draft = drafter.propose(context, budget) if g else NO_DRAFT
         shadow_draft = drafter.propose(context, 1) if shadow else None
         t1 = time.perf_counter()
         if draft.parents is not None and (not trees or lenience < 1):  # lenient acceptance is for chains

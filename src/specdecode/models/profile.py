@@ -84,9 +84,9 @@ def profile_model(model: Model, max_k: int = 16, context: int = 256, repeats: in
         return Profile(**json.loads(path.read_text()))
     times = time_in_turns({name: model}, range(1, max_k + 1), context, repeats, progress)[name]
     ratios = monotone([times[k] / times[1] for k in range(1, max_k + 1)])
-    longer = 4 * context
+    longer, limit = 4 * context, getattr(model, "max_positions", None)
     per_position = 0.0
-    if longer + max_k <= (getattr(model, "max_positions", None) or longer + max_k):
+    if not limit or longer + max_k <= limit:
         far = time_in_turns({name: model}, (1,), longer, repeats)[name][1]
         per_position = max(0.0, (far - times[1]) / (longer - context))
     profile = Profile(model=name, dtype=dtype, threads=threads, context=context, step_seconds=times[1],
