@@ -94,9 +94,7 @@ def test_streamed_chat_and_completions_match_the_unstreamed_text(client):
     chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
                                                  temperature=0, max_tokens=16, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole
-    last = chunks[-1]
-    assert last.choices[0].finish_reason in ("stop", "length")
-    assert last.usage.model_extra["speculative"]["target_calls"] >= 1
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
     prompt = "The bridge closed on Monday. The bridge"
     text = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=12).choices[0].text
     streamed = "".join(c.choices[0].text for c in client.completions.create(
@@ -145,8 +143,8 @@ BAD = [
     (chat(stop=["a", "b", "c", "d", "e"]), None, 400, "invalid_value"),
     (chat(stop=[""]), None, 400, "invalid_value"),
     (chat(seed="x"), None, 400, "invalid_type"),
-    (chat(logprobs=True), None, 400, "unsupported_parameter"),
-    (chat(frequency_penalty=0.5), None, 400, "unsupported_parameter"),
+    (chat(metadata="x"), None, 400, "invalid_type"),
+    (chat(stream_options={"include_usage": "yes"}, stream=True), None, 400, "invalid_type"),
     (chat(colour="blue"), None, 400, "unknown_parameter"),
     (chat(specdecode={"gamma": -1}), None, 400, "invalid_value"),
     (chat(specdecode={"gamma": 100}), None, 400, "invalid_value"),
@@ -167,9 +165,10 @@ def test_bad_input_gets_its_status_and_an_openai_error(server, body, raw, status
     assert got == status, payload
     error = payload["error"]
     assert error["code"] == code and error["message"] and set(error) == {"message", "type", "param", "code"}
-    if code == "context_length_exceeded":  # names both numbers: the prompt's tokens, then the window
-        numbers = [int(n) for n in re.findall(r"\d+", error["message"])]
-        assert len(numbers) == 2 and numbers[0] > numbers[1] >= 2048
+    if code == "context_length_exceeded":  # the prompt's tokens, max_tokens, their sum, the window
+        prompt, max_tokens, total, window = [int(n) for n in re.findall(r"\d+", error["message"])]
+        assert max_tokens == 16 and total == prompt + 16 and prompt > window >= 2048
+        assert error["param"] == "messages"  # the prompt alone is too long: lowering max_tokens cannot help
 
 
 def test_completions_refuse_a_missing_prompt_and_unknown_routes_are_openai_errors(server):
@@ -205,6 +204,7 @@ def test_a_full_queue_answers_429_and_a_client_that_leaves_frees_its_slot(server
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=4)
     assert int(refused.value.response.headers["retry-after"]) >= 1
     assert refused.value.response.json()["error"]["code"] == "queue_full"
+    assert "2 requests are waiting" in refused.value.response.json()["error"]["message"]
     for stream in streams:  # every client walks away after the first chunk
         next(iter(stream))
         stream.close()
@@ -231,3 +231,172 @@ def test_small_load_keeps_every_response_its_own_and_the_server_up(server):
     assert summary["disconnected"] >= 1 and summary["completed"] + summary["disconnected"] == 24
     assert report.max_in_flight <= 3  # --max-queue 2 plus the running one
     assert process.poll() is None
+
+
+# --- what OpenAI clients really send ---------------------------------------------------------------
+
+def _metrics(base: str, key: str | None = None) -> dict[str, float]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with urllib.request.urlopen(urllib.request.Request(base + "/metrics", headers=headers)) as response:
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in response.read().decode().splitlines()
+                if line and not line.startswith("#")}
+
+
+def _requests(values: dict, endpoint: str, status: int) -> float:
+    return values.get(f'specdecode_requests_total{{endpoint="{endpoint}",status="{status}"}}', 0.0)
+
+
+def test_fields_sent_at_their_neutral_value_are_accepted_and_change_nothing(client):
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": QUESTION}], temperature=0, max_tokens=8)
+    plain = client.chat.completions.create(**ask).choices[0].message.content
+    neutral = client.chat.completions.create(
+        **ask, presence_penalty=0, frequency_penalty=0, logprobs=False, top_logprobs=0, response_format={"type": "text"},
+        tools=[], tool_choice="none", parallel_tool_calls=False, store=False, user="u-1", metadata={"team": "a"},
+        service_tier="auto", n=1, logit_bias={}, stream_options=None)
+    assert neutral.choices[0].message.content == plain
+    ask = dict(model=MODEL, prompt="The bridge closed on Monday. The bridge", temperature=0, max_tokens=8)
+    plain = client.completions.create(**ask).choices[0].text
+    neutral = client.completions.create(**ask, presence_penalty=0.0, frequency_penalty=0, logprobs=None, echo=False,
+                                        best_of=1, n=1, logit_bias={}, user="u-1", suffix="")
+    assert neutral.choices[0].text == plain
+
+
+@pytest.mark.parametrize("field, value", [
+    ("presence_penalty", 0.5), ("frequency_penalty", -1), ("logprobs", True), ("top_logprobs", 2),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
+    ("tool_choice", "required"), ("store", True), ("logit_bias", {"42": 5}), ("n", 2),
+])
+def test_a_value_the_server_cannot_honour_is_refused_by_name(client, field, value):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=4,
+                                       **{field: value})
+    error = refused.value.response.json()["error"]
+    assert error["param"] == field and error["code"] == "unsupported_value" and field in error["message"]
+
+
+def test_metrics_label_routes_not_urls_count_a_cancelled_stream_as_499_and_read_the_queue_live(server, client):
+    base = server[0]
+    for path in ("/v1/nothing/1", "/v1/nothing/2", "/favicon.ico"):
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(base + path)
+    values = _metrics(base)
+    assert _requests(values, "unmatched", 404) >= 3
+    assert not [k for k in values if "nothing" in k or "favicon" in k]
+
+    route = "/v1/chat/completions"
+    ok, left = _requests(values, route, 200), _requests(values, route, 499)
+    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
+                                            temperature=0, max_tokens=64, stream=True)
+    next(iter(stream))
+    assert _metrics(base)["specdecode_requests_in_flight"] == 1  # the running generation, not the scrape
+    stream.close()
+    deadline = time.monotonic() + 60
+    while _requests(values := _metrics(base), route, 499) == left and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _requests(values, route, 499) == left + 1 and _requests(values, route, 200) == ok
+
+    for _ in client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
+                                            temperature=0, max_tokens=4, stream=True):
+        pass
+    time.sleep(0.3)  # no request in between: the scrape reads the engine now, not as the last request left it
+    assert _metrics(base)["specdecode_requests_in_flight"] == 0
+
+
+def test_max_tokens_beyond_the_room_the_prompt_leaves_is_refused_and_an_omitted_one_is_capped(client):
+    words = 4090  # about the window of the embedded model (4096); the numbers come from the server
+    ask = dict(model=MODEL, temperature=0)
+    counted = []
+    for create, extra, name in [
+        (client.completions.create, dict(prompt="word " * words, max_tokens=64), "max_tokens"),
+        (client.completions.create, dict(prompt="word " * words, max_tokens=64, stream=True), "max_tokens"),
+        (client.chat.completions.create, dict(messages=[{"role": "user", "content": "word " * (words - 40)}],
+                                              max_tokens=64), "max_tokens"),
+        (client.chat.completions.create, dict(messages=[{"role": "user", "content": "word " * (words - 40)}],
+                                              max_completion_tokens=64, stream=True), "max_completion_tokens"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as refused:
+            create(**ask, **extra)
+        error = refused.value.response.json()["error"]
+        prompt, max_tokens, total, window = [int(n) for n in re.findall(r"\d+", error["message"])]
+        assert error["code"] == "context_length_exceeded" and error["param"] == name and name in error["message"]
+        assert max_tokens == 64 and total == prompt + 64 > window > prompt
+        counted.append((prompt, window))
+    tokens, window = counted[0]  # of "word " * words as a raw prompt
+    room = 6
+    reply = client.completions.create(**ask, prompt="word " * (words - (tokens - (window - room))))  # one token a word
+    assert reply.usage.prompt_tokens == window - room  # no max_tokens: the default (64 here) would not fit
+    assert 0 < reply.usage.completion_tokens <= room and reply.choices[0].finish_reason in ("length", "stop")
+
+
+def test_a_reply_cut_inside_a_character_never_ends_in_a_replacement_character(client):
+    prompt = "🎉🎉🎉 Party! 🎉🎉🎉"  # the model goes on with 🎉, three tokens each
+    texts = []
+    for max_tokens in (1, 2, 4):
+        whole = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=max_tokens)
+        streamed = "".join(c.choices[0].text for c in client.completions.create(
+            model=MODEL, prompt=prompt, temperature=0, max_tokens=max_tokens, stream=True))
+        assert whole.usage.completion_tokens == max_tokens and whole.choices[0].finish_reason == "length"
+        assert streamed == whole.choices[0].text
+        texts.append(whole.choices[0].text)
+    assert texts == ["", "", "🎉"]  # whole characters only: the cut one is held back
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "Reply with only emojis: 😀🎉🍕"}], temperature=0,
+               max_tokens=4)
+    content = client.chat.completions.create(**ask).choices[0].message.content
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**ask, stream=True)
+                       if c.choices)
+    assert content == streamed and content and "\ufffd" not in content
+
+
+def test_a_stream_carries_usage_only_when_asked_in_a_last_chunk_without_choices(client):
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": QUESTION}], temperature=0, max_tokens=8, stream=True)
+    plain = list(client.chat.completions.create(**ask))
+    assert all(c.usage is None for c in plain) and plain[-1].choices[0].finish_reason
+    chunks = list(client.chat.completions.create(**ask, stream_options={"include_usage": True}))
+    assert all(c.usage is None and c.choices for c in chunks[:-1]) and chunks[-2].choices[0].finish_reason
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens == 8
+    assert last.usage.model_extra["speculative"]["target_calls"] >= 1
+    chunks = list(client.completions.create(model=MODEL, prompt="The bridge closed on Monday. The bridge",
+                                            temperature=0, max_tokens=8, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.model_extra["speculative"]["draft_tokens"] >= 0
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_accepted_per_position_has_an_entry_per_draft_position_and_the_rates_agree(client):
+    def spec(gamma, draft="lookup"):
+        return client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": QUESTION}], temperature=0, max_tokens=8,
+            extra_body={"specdecode": {"gamma": gamma, "draft": draft}}).usage.model_extra["speculative"]
+
+    wide = spec(16, "trained")  # 8 tokens cannot fill 16 positions: the rest are zeros
+    assert len(wide["accepted_per_position"]) == 16 and sum(wide["accepted_per_position"]) == wide["accepted_tokens"]
+    assert wide["draft_tokens"] and isinstance(wide["alpha"], float) and isinstance(wide["acceptance_rate"], float)
+    assert len(spec("auto")["accepted_per_position"]) == 8  # the server's --max-gamma
+    none = spec(0)
+    assert none["accepted_per_position"] == [] and none["draft_tokens"] == 0
+    assert none["alpha"] is None and none["acceptance_rate"] is None
+
+
+KEY = "s3cret-key"
+
+
+def test_create_app_takes_the_key_aliases_and_an_open_metrics_route():
+    from types import SimpleNamespace
+
+    from starlette.testclient import TestClient
+
+    from specdecode.server.app import create_app
+
+    engine = SimpleNamespace(target=None, in_flight=0, drafts=[], on_finish=None)
+    app = create_app(engine, "a", aliases=["b"], api_key=KEY, metrics_open=True)
+    with TestClient(app) as http:
+        assert http.get("/metrics").status_code == 200
+        assert http.get("/v1/models").status_code == 401
+        listed = http.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"}).json()
+        assert [m["id"] for m in listed["data"]] == ["a", "b"]
+    with TestClient(create_app(engine, "a", api_key=KEY)) as http:
+        assert http.get("/metrics").status_code == 401
+    with pytest.raises(ValueError):
+        create_app(engine, "a", api_key="")

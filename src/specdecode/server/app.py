@@ -4,16 +4,21 @@
     POST /v1/completions        a raw prompt
     GET  /v1/models, /health, /metrics
 
-Responses follow OpenAI's shapes; `usage.speculative` (and the last chunk of a stream) carries the
-request's speculation statistics. Every error is OpenAI's error body with a fitting status.
+Responses follow OpenAI's shapes; `usage.speculative` carries the request's speculation statistics
+(in a stream: in a last chunk with no choices, when stream_options.include_usage asks for usage).
+Every error is OpenAI's error body with a fitting status. With an API key, every route but /health
+(and /metrics when it is left open) needs `Authorization: Bearer <key>`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
+from dataclasses import replace
+from typing import Sequence
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -22,8 +27,8 @@ from starlette.exceptions import HTTPException
 from ..stats import Stats
 from ..text import encode_chat
 from .engine import Engine, Job
-from .metrics import Metrics
-from .request import Limits, RequestError, parse_request
+from .metrics import CLIENT_LEFT, UNMATCHED, Metrics
+from .request import Limits, Request, RequestError, parse_request
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", None: "stop"}
 
@@ -32,7 +37,12 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _usage(prompt_tokens: int, stats: Stats, draft: str, gamma) -> dict:
+def _usage(prompt_tokens: int, stats: Stats, draft: str, gamma, positions: int) -> dict:
+    """OpenAI's usage plus the speculation statistics; `positions`: the most draft positions the
+    request's gamma allows (accepted_per_position has an entry, zero or not, for each)."""
+    per_position = list(stats.accepted_per_position)
+    per_position += [0] * (positions - len(per_position))
+    drafted = stats.proposed > 0  # else both rates are null (alpha may hold a shadow proposal's score)
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": stats.new_tokens,
@@ -43,17 +53,89 @@ def _usage(prompt_tokens: int, stats: Stats, draft: str, gamma) -> dict:
             "num_drafts": stats.drafts,
             "draft_tokens": stats.proposed,
             "accepted_tokens": stats.accepted,
-            "accepted_per_position": list(stats.accepted_per_position),
-            "acceptance_rate": stats.acceptance_rate,
+            "accepted_per_position": per_position,
+            "acceptance_rate": stats.acceptance_rate if drafted else None,
             "tokens_per_call": stats.tokens_per_call,
-            "alpha": stats.alpha,
+            "alpha": stats.alpha if drafted else None,
         },
     }
 
 
-def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_body_bytes: int = 1 << 20) -> FastAPI:
+def _piece_text(piece) -> str:
+    """A text piece; the last drops a trailing U+FFFD. The text layer holds back a character whose
+    bytes are incomplete until the next token completes it; when max_tokens (or EOS) ends the reply
+    first, the incomplete bytes decode as U+FFFD, which is no part of the reply."""
+    text = piece.accepted_text + piece.target_text
+    return text.rstrip("\ufffd") if piece.finish_reason else text
+
+
+def _fit(req: Request, prompt_tokens: int, window: int | None) -> Request:
+    """Check that the prompt and max_tokens fit the context window; an omitted max_tokens is capped
+    at the room the prompt leaves."""
+    if not window:
+        return req
+    room, asked = window - prompt_tokens, req.max_tokens_param
+    if asked is None and room > 0:
+        return replace(req, max_tokens=min(req.max_tokens, room))
+    if asked is not None and req.max_tokens <= room:
+        return req
+    need = f" and {asked} is {req.max_tokens} ({prompt_tokens + req.max_tokens} in all)" if asked else ""
+    fix = f"shorten the prompt or lower {asked}" if asked and room > 0 else "shorten the prompt"
+    param = asked if asked and room > 0 else ("messages" if req.kind == "chat" else "prompt")
+    raise RequestError(400, f"the prompt has {prompt_tokens} tokens{need}, but the model's context window holds "
+                            f"{window} tokens; {fix}", param, "context_length_exceeded")
+
+
+class _Gate:
+    """The outermost layer: checks the API key, and counts each request by route template (every
+    URL no route serves under one label) and status (499 when the client left before the end)."""
+
+    def __init__(self, app, metrics: Metrics, routes: set[str], api_key: str | None, open_paths: set[str]) -> None:
+        self.app, self.metrics, self.routes, self.open_paths = app, metrics, routes, open_paths
+        self.api_key = api_key.strip().encode() if api_key else None
+
+    def authorized(self, scope) -> bool:
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = header.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.api_key)
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path, seen, failed = scope["path"], {"status": None, "done": False}, False
+
+        async def watch(message) -> None:
+            if message["type"] == "http.response.start":
+                seen["status"] = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                seen["done"] = True
+            await send(message)
+
+        try:
+            if self.api_key and path not in self.open_paths and not self.authorized(scope):
+                error = RequestError(401, "a valid API key is required: send the header 'Authorization: Bearer <key>'",
+                                     None, "invalid_api_key")
+                await JSONResponse(error.body(), status_code=401,
+                                   headers={"WWW-Authenticate": "Bearer"})(scope, receive, watch)
+            else:
+                await self.app(scope, receive, watch)
+        except Exception:
+            failed = True
+            raise
+        finally:
+            status = seen["status"] if seen["done"] else 500 if failed and seen["status"] is None else CLIENT_LEFT
+            self.metrics.requests.labels(endpoint=path if path in self.routes else UNMATCHED, status=str(status)).inc()
+
+
+def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_body_bytes: int = 1 << 20, *,
+               aliases: Sequence[str] = (), api_key: str | None = None, metrics_open: bool = False) -> FastAPI:
+    """The server's app. model_name: the id responses carry; aliases: other ids requests may send;
+    api_key: if given, needed by every route but /health (and /metrics when `metrics_open`)."""
+    if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
+        raise ValueError("the API key must be a non-empty string")
+    names = list(dict.fromkeys([model_name, *aliases]))
     app = FastAPI(title="specdecode", docs_url=None, redoc_url=None, openapi_url=None)
-    metrics = Metrics()
+    metrics = Metrics(in_flight=lambda: engine.in_flight)
     target = engine.target
     created = int(time.time())
 
@@ -78,13 +160,6 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
     async def server_error(_, err: Exception):
         return JSONResponse(RequestError(500, f"internal error: {type(err).__name__}: {err}", None, "internal_error",
                                          type="server_error").body(), status_code=500)
-
-    @app.middleware("http")
-    async def count(request: HTTPRequest, call_next):
-        response = await call_next(request)
-        metrics.requests.labels(endpoint=request.url.path, status=str(response.status_code)).inc()
-        metrics.queue.set(engine.in_flight)
-        return response
 
     async def read_json(request: HTTPRequest):
         length = request.headers.get("content-length")
@@ -112,15 +187,11 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
 
     async def submit(request: HTTPRequest, kind: str):
         req = parse_request(await read_json(request), kind, limits)
-        if req.model != model_name:
-            raise RequestError(404, f"the model {req.model!r} does not exist; this server serves {model_name!r}",
-                               "model", "model_not_found")
+        if req.model not in names:
+            raise RequestError(404, f"the model {req.model!r} does not exist; this server serves "
+                                    f"{', '.join(map(repr, names))}", "model", "model_not_found")
         ids = encode(req)
-        window = target.max_positions
-        if window and len(ids) >= window:
-            raise RequestError(400, f"the prompt has {len(ids)} tokens but the model's context window holds "
-                                    f"{window}; shorten the prompt", "messages" if kind == "chat" else "prompt",
-                               "context_length_exceeded")
+        req = _fit(req, len(ids), target.max_positions)
         job = Job(req, ids, asyncio.get_running_loop(), asyncio.Queue())
         engine.submit(job)
         return job
@@ -135,10 +206,11 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
 
     def usage(job: Job) -> dict:
         req = job.request
-        return _usage(len(job.prompt_ids), job.stats, req.draft or engine.default_draft,
-                      engine.gamma if req.gamma is None else req.gamma)
+        gamma = engine.gamma if req.gamma is None else req.gamma
+        return _usage(len(job.prompt_ids), job.stats, req.draft or engine.default_draft, gamma,
+                      engine.max_gamma if gamma == "auto" else gamma)
 
-    async def collect(job: Job, request: HTTPRequest, kind: str) -> dict:
+    async def collect(job: Job, request: HTTPRequest, kind: str) -> dict | None:
         pieces = []
         try:
             while True:
@@ -147,10 +219,10 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
                 except asyncio.TimeoutError:
                     if await request.is_disconnected():
                         job.cancelled.set()
-                        return {}
+                        return None
                     continue
                 if event == "piece":
-                    pieces.append(value.accepted_text + value.target_text)
+                    pieces.append(_piece_text(value))
                 elif event == "error":
                     raise RequestError(500, value, None, "generation_failed", type="server_error")
                 else:
@@ -179,7 +251,7 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
             while True:
                 event, value = await job.events.get()
                 if event == "piece":
-                    text = value.accepted_text + value.target_text
+                    text = _piece_text(value)
                     if text:
                         yield chunk(text)
                 elif event == "error":
@@ -187,7 +259,10 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
                                                              type="server_error").body()) + "\n\n"
                     break
                 else:
-                    yield chunk(None, FINISH[job.stats.finish_reason], usage=usage(job))
+                    yield chunk(None, FINISH[job.stats.finish_reason])
+                    if job.request.include_usage:  # as OpenAI: one more chunk, with no choices
+                        yield "data: " + json.dumps({**envelope(kind, rid, True), "choices": [],
+                                                     "usage": usage(job)}) + "\n\n"
                     break
             yield "data: [DONE]\n\n"
         finally:
@@ -198,7 +273,8 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
         if job.request.stream:
             return StreamingResponse(stream(job, kind), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        return JSONResponse(await collect(job, request, kind))
+        body = await collect(job, request, kind)
+        return Response(status_code=CLIENT_LEFT) if body is None else JSONResponse(body)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: HTTPRequest):
@@ -210,8 +286,8 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "specdecode"}]}
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": created,
+                                            "owned_by": "specdecode"} for name in names]}
 
     @app.get("/health")
     async def health():
@@ -221,4 +297,6 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
     async def prometheus():
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
 
+    app.add_middleware(_Gate, metrics=metrics, routes={route.path for route in app.routes}, api_key=api_key,
+                       open_paths={"/health", "/metrics"} if metrics_open else {"/health"})
     return app

@@ -94,8 +94,10 @@ class Engine:
         with self._lock:
             if self._admitted >= self.max_queue + 1:
                 retry = max(1, math.ceil(self._service_seconds * self._admitted))  # until the queue drains
-                raise RequestError(429, f"the server is busy: {self._admitted - 1} requests are waiting "
-                                        f"(at most {self.max_queue}); retry in about {retry} s",
+                waiting = self._admitted - 1
+                waits = "1 request is waiting" if waiting == 1 else f"{waiting} requests are waiting"
+                raise RequestError(429, f"the server is busy: {waits} (at most {self.max_queue}); "
+                                        f"retry in about {retry} s",
                                    None, "queue_full", type="rate_limit_error", headers={"Retry-After": str(retry)})
             self._admitted += 1
         self._queue.put(job)

@@ -4,6 +4,8 @@ num_accepted_tokens_per_pos{position}, plus latency, time to first token and tok
 
 from __future__ import annotations
 
+from typing import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from ..stats import Stats
@@ -12,13 +14,17 @@ PREFIX = "specdecode"
 disable_created_metrics()  # no *_created series beside every counter
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 RATE_BUCKETS = (1, 2, 5, 10, 20, 40, 60, 80, 100, 150, 200, 300, 500)
+UNMATCHED = "unmatched"  # the endpoint label of every URL no route serves: one series, however many URLs
+CLIENT_LEFT = 499  # the status label of a response the client walked away from (nginx's code)
 
 
 class Metrics:
-    def __init__(self) -> None:
+    """in_flight: the engine's count of requests waiting or running, read at each scrape."""
+
+    def __init__(self, in_flight: Callable[[], int] = lambda: 0) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(f"{PREFIX}_requests", "HTTP requests by endpoint and status",
+        self.requests = Counter(f"{PREFIX}_requests", "HTTP requests by route and status (499: the client left)",
                                 ["endpoint", "status"], registry=r)
         self.num_drafts = Counter(f"{PREFIX}_spec_decode_num_drafts", "target calls that verified a proposal",
                                   registry=r)
@@ -38,7 +44,8 @@ class Metrics:
         self.tokens_per_second = Histogram(f"{PREFIX}_request_tokens_per_second",
                                            "generated tokens / generation time, per request",
                                            buckets=RATE_BUCKETS, registry=r)
-        self.queue = Gauge(f"{PREFIX}_requests_in_flight", "requests waiting or running", registry=r)
+        self.queue = Gauge(f"{PREFIX}_requests_in_flight", "generation requests waiting or running", registry=r)
+        self.queue.set_function(in_flight)
 
     def finished(self, prompt_tokens: int, stats: Stats, latency: float, ttft: float | None) -> None:
         self.num_drafts.inc(stats.drafts)

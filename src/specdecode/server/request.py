@@ -5,12 +5,16 @@ under the `specdecode` extension object.
      "top_p": 1, "stop": ["\\n\\n"], "seed": 1, "stream": true, "n": 1,
      "specdecode": {"draft": "lookup", "gamma": 4 | "auto", "top_k": 0, "lenience": 1.0}}
 
+OpenAI fields the server cannot honour (penalties, logprobs, tools, response formats, ...) are
+accepted at their neutral value, which is what many clients send, and refused by name otherwise.
+
 Every problem becomes a `RequestError` carrying the HTTP status and OpenAI's error fields
 (message, type, param, code), never an exception the server does not expect.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,13 +23,41 @@ from ..sampling import SamplingParams
 
 EXTENSION = "specdecode"
 ROLES = ("system", "user", "assistant")
-# OpenAI fields this server accepts; the ones it cannot honour are refused by name below.
-COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "stream", "stream_options", "n", "user",
-          EXTENSION}
+
+
+def _zero(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
+
+
+# OpenAI fields this server honours only at their neutral value (null always passes): clients send
+# them set to that value, which changes nothing; any other value is refused by name.
+NEUTRAL = {
+    "presence_penalty": (_zero, "0"),
+    "frequency_penalty": (_zero, "0"),
+    "logprobs": (lambda v: v is False, "false"),
+    "top_logprobs": (_zero, "0"),
+    "logit_bias": (lambda v: v == {}, "{}"),
+    "response_format": (lambda v: v == {"type": "text"}, '{"type": "text"}'),
+    "tools": (lambda v: v == [], "[]"),
+    "functions": (lambda v: v == [], "[]"),
+    "tool_choice": (lambda v: v in ("none", "auto"), '"none" or "auto" (no tools)'),
+    "function_call": (lambda v: v in ("none", "auto"), '"none" or "auto" (no functions)'),
+    "store": (lambda v: v is False, "false"),
+    "modalities": (lambda v: v == ["text"], '["text"]'),
+    "echo": (lambda v: v is False, "false"),
+    "suffix": (lambda v: v == "", '""'),
+    "best_of": (lambda v: v == 1 and not isinstance(v, bool), "1"),
+    "audio": (lambda v: False, "null"),
+    "prediction": (lambda v: False, "null"),
+    "reasoning_effort": (lambda v: False, "null"),
+}
+# Fields that change nothing here, checked for their type only.
+HARMLESS = {"user": (str, "a string"), "metadata": (dict, "an object"), "parallel_tool_calls": (bool, "a boolean"),
+            "service_tier": (str, "a string"), "prompt_cache_key": (str, "a string"),
+            "safety_identifier": (str, "a string")}
+COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "stream", "stream_options", "n",
+          EXTENSION} | set(NEUTRAL) | set(HARMLESS)
 FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens"}, "completion": COMMON | {"prompt"}}
-UNSUPPORTED = {"logprobs", "top_logprobs", "logit_bias", "tools", "tool_choice", "functions", "function_call",
-               "response_format", "best_of", "echo", "suffix", "presence_penalty", "frequency_penalty",
-               "parallel_tool_calls", "audio", "modalities", "prediction", "reasoning_effort"}
 EXTENSION_FIELDS = {"draft", "gamma", "top_k", "lenience"}
 
 
@@ -45,7 +77,7 @@ class RequestError(Exception):
 @dataclass(frozen=True)
 class Limits:
     max_tokens: int = 1024  # largest max_tokens a request may ask for
-    default_max_tokens: int = 256
+    default_max_tokens: int = 256  # when a request omits it (the server caps it at the room the prompt leaves)
     max_gamma: int = 16
 
 
@@ -57,9 +89,11 @@ class Request:
     prompt: str | None  # completion
     max_tokens: int
     params: SamplingParams
+    max_tokens_param: str | None = None  # the field that set max_tokens; None: the server's default
     stop: tuple[str, ...] = ()
     seed: int | None = None
     stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
     draft: str | None = None  # None: the server's default drafter
     gamma: int | str | None = None  # None: the server's default
     lenience: float = 1.0
@@ -186,32 +220,44 @@ def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
     """A decoded JSON body -> a validated `Request` (or a `RequestError`)."""
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object", None, "invalid_type")
-    unsupported = sorted(set(body) & UNSUPPORTED)
-    if unsupported:
-        raise _bad(f"unsupported field(s): {', '.join(unsupported)}", unsupported[0], "unsupported_parameter")
     unknown = sorted(set(body) - FIELDS[kind])
     if unknown:
         raise _bad(f"unknown field(s): {', '.join(unknown)}", unknown[0], "unknown_parameter")
+    for name, (neutral, accepted) in NEUTRAL.items():
+        if body.get(name) is not None and not neutral(body[name]):
+            raise _bad(f"'{name}' = {json.dumps(body[name])[:80]} is not supported by this server; it accepts only "
+                       f"{accepted} (or leaving it out)", name, "unsupported_value")
+    for name, (type_, what) in HARMLESS.items():
+        if body.get(name) is not None and not isinstance(body[name], type_):
+            raise _bad(f"'{name}' must be {what}", name, "invalid_type")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("'model' is required and must be a string", "model", "missing_required_parameter")
     n = body.get("n", 1)
-    if n is not None and n != 1:
-        raise _bad("only n = 1 is supported", "n", "unsupported_value")
+    if n is not None and (n != 1 or isinstance(n, bool)):
+        raise _bad(f"only n = 1 is supported, got {n!r}", "n", "unsupported_value")
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(name)
-    max_tokens = limits.default_max_tokens if max_tokens is None else _integer(max_tokens, name, 1, limits.max_tokens)
+    if max_tokens is None:
+        max_tokens, name = limits.default_max_tokens, None
+    else:
+        max_tokens = _integer(max_tokens, name, 1, limits.max_tokens)
     stream = body.get("stream", False)
+    if stream is None:
+        stream = False
     if not isinstance(stream, bool):
         raise _bad("'stream' must be a boolean", "stream", "invalid_type")
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
         raise _bad("'stream_options' must be an object", "stream_options", "invalid_type")
+    include_usage = options.get("include_usage", False)
+    if include_usage is None:
+        include_usage = False
+    if not isinstance(include_usage, bool):
+        raise _bad("'stream_options.include_usage' must be a boolean", "stream_options.include_usage", "invalid_type")
     seed = body.get("seed")
     if seed is not None:
         seed = _integer(seed, "seed", -(2**63), 2**63 - 1) % 2**63  # torch seeds are unsigned
-    if body.get("user") is not None and not isinstance(body["user"], str):
-        raise _bad("'user' must be a string", "user", "invalid_type")
     ext = _extension(body, limits)
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
@@ -219,8 +265,8 @@ def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
         kind=kind, model=model,
         messages=_messages(body) if kind == "chat" else None,
         prompt=_prompt(body) if kind == "completion" else None,
-        max_tokens=max_tokens,
+        max_tokens=max_tokens, max_tokens_param=name,
         params=SamplingParams(temperature=temperature, top_p=top_p, top_k=ext.get("top_k", 0)),
-        stop=_stop(body), seed=seed, stream=stream, draft=ext.get("draft"), gamma=ext.get("gamma"),
-        lenience=ext.get("lenience", 1.0),
+        stop=_stop(body), seed=seed, stream=stream, include_usage=stream and include_usage,
+        draft=ext.get("draft"), gamma=ext.get("gamma"), lenience=ext.get("lenience", 1.0),
     )
