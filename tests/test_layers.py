@@ -16,7 +16,8 @@ LAYERS = [
     ["specdecode.decode"],
     ["specdecode.stats", "specdecode.text", "specdecode.render"],
     ["specdecode.analysis", "specdecode.bench", "specdecode.distill", "specdecode.server"],
-    ["specdecode.cli", "specdecode.__main__", "specdecode"],
+    # server.ray runs `specdecode serve` (the CLI's) on every replica of a Ray Serve application
+    ["specdecode.cli", "specdecode.__main__", "specdecode", "specdecode.server.ray"],
 ]
 
 
