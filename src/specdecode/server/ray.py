@@ -232,6 +232,8 @@ class Ingress:
         except asyncio.CancelledError:
             call.cancel()
             raise
+        except Exception as err:  # a fault between here and the app: OpenAI's error body all the same
+            return _error(500, f"internal error: {type(err).__name__}", "internal_error")
 
     @staticmethod
     async def rest(call):
