@@ -157,10 +157,29 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-gamma", type=int, default=8, help="upper bound for 'auto' (default 8)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--model-name", default=None, help="the model id clients send (default: the target's file name)")
+    serve.add_argument("--model-name", action="append", default=None, metavar="NAME",
+                       help="the model id clients send (default: the target's file name); repeat for aliases, "
+                            "the first is the one responses carry")
     serve.add_argument("--max-queue", type=int, default=16, help="requests that may wait behind the running one (default 16)")
-    serve.add_argument("--max-tokens", type=int, default=1024, help="largest max_tokens a request may ask for (default 1024)")
+    serve.add_argument("--max-tokens", type=int, default=1024,
+                       help="largest max_tokens a request may ask for (default 1024); a request without max_tokens "
+                            "gets min(256, this), capped at the room its prompt leaves in the context window")
+    serve.add_argument("--api-key", default=None, metavar="KEY",
+                       help="require 'Authorization: Bearer KEY' on every route but /health (default: the "
+                            "SPECDECODE_API_KEY environment variable, which keeps the key out of process listings)")
+    serve.add_argument("--metrics-open", action="store_true", help="serve /metrics without the API key")
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
+    on_ray = serve.add_argument_group("on a Ray Serve cluster (pip install 'specdecode[ray]')")
+    on_ray.add_argument("--ray", action="store_true",
+                        help="serve with Ray Serve: --replicas engines behind one endpoint at --host:--port; "
+                             "--threads is per replica (default 1), and each replica reserves that many CPUs")
+    on_ray.add_argument("--replicas", type=int, default=None,
+                        help="replicas, each one engine (default 1; with autoscaling, how many start)")
+    on_ray.add_argument("--min-replicas", type=int, default=None, help="autoscale down to this many (default 1)")
+    on_ray.add_argument("--max-replicas", type=int, default=None,
+                        help="autoscale up to this many (default: --replicas, at least --min-replicas)")
+    on_ray.add_argument("--address", default=None,
+                        help="the Ray cluster to join: auto or HEAD:6379 (default: start one on this machine)")
 
     ngram = commands.add_parser("ngram", help="n-gram drafters")
     ngram_commands = ngram.add_subparsers(dest="ngram_command", required=True)
@@ -574,7 +593,8 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def cmd_serve(args) -> int:
+def cmd_serve(args, app_only: bool = False) -> int:
+    """`specdecode serve`; app_only: return the app instead of serving it (what each Ray replica runs)."""
     from pathlib import Path
 
     import uvicorn
@@ -592,23 +612,49 @@ def cmd_serve(args) -> int:
     check_queue_size("--max-queue", args.max_queue)
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    api_key = args.api_key if args.api_key is not None else os.environ.get("SPECDECODE_API_KEY") or None
+    if api_key is not None and not api_key.strip():
+        raise ValueError("--api-key must not be empty")
+    if any(not name.strip() for name in args.model_name or []):
+        raise ValueError("--model-name must not be empty")
+    if api_key is None and not app_only and not _loopback(args.host):
+        print(f"specdecode: warning: serving on {args.host} without an API key: anyone who can reach this port "
+              "can use the model; set SPECDECODE_API_KEY (or --api-key)", file=sys.stderr, flush=True)
     drafts = {spec: spec for spec in [args.draft, *args.also_draft]}
     for spec in drafts:
         DraftSpec(spec)
+    if args.ray:  # the app below on every replica of a Ray Serve application
+        from .server.ray import serve_on_ray
+
+        return serve_on_ray(args)
+    if (args.replicas, args.min_replicas, args.max_replicas, args.address) != (None,) * 4:
+        raise ValueError("--replicas, --min-replicas, --max-replicas and --address need --ray")
     target = _load_target(args)
     engine = Engine(target, drafts, args.draft, gamma=args.gamma, max_gamma=args.max_gamma, max_queue=args.max_queue,
                     backend=args.draft_backend or _draft_backend(args), dtype=args.dtype, device=args.device,
                     threads=args.threads)
-    name = args.model_name or Path(target.name).name.removesuffix(".gguf")
+    name, *aliases = args.model_name or [Path(target.name).name.removesuffix(".gguf")]
     app = create_app(engine, name, Limits(max_tokens=args.max_tokens, default_max_tokens=min(256, args.max_tokens),
-                                          max_gamma=max(16, args.max_gamma)), args.max_body_bytes)
-    print(f"specdecode: serving {name} (drafts: {', '.join(drafts)}; gamma {args.gamma}) on "
+                                          max_gamma=max(16, args.max_gamma)), args.max_body_bytes,
+                     aliases=aliases, api_key=api_key, metrics_open=args.metrics_open)
+    if app_only:
+        return app
+    print(f"specdecode: serving {', '.join([name, *aliases])} (drafts: {', '.join(drafts)}; gamma {args.gamma}) on "
           f"http://{args.host}:{args.port}/v1", flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         engine.close()
     return 0
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def cmd_ngram(args) -> int:
