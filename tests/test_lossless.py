@@ -5,8 +5,10 @@ import pytest
 import torch
 
 import specdecode.decode
-from specdecode import LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams, speculative_decode
+from specdecode import (LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams,
+                        autoregressive_decode, speculative_decode)
 from specdecode.drafters import SuffixCache, SuffixDrafter
+from specdecode.drafters.tree import sample_tree
 from specdecode.sampling import sample
 from specdecode.verify import verify
 from stats import chi2_pvalue
@@ -121,6 +123,56 @@ def test_draft_trees_match_target_over_whole_sequences(setting):
     assert whole_sequence_pvalue(lambda draft: RandomTreeDrafter(), 4, SETTINGS[setting]) > 1e-3
 
 
+class SampledTreeDrafter:
+    """Samples a tree from the toy draft model's q (`drafters.tree.sample_tree`): `width` children a
+    node drawn without replacement, verified by recursive rejection. `draft_params` (default: the
+    target's settings) is the transform q is taken under; any q keeps the output exact."""
+
+    vocab = None
+    proposes_trees = samples_trees = True
+
+    def __init__(self, draft, width=2, draft_params=None):
+        self.draft, self.width, self.draft_params = draft, width, draft_params
+
+    def reset(self, params, generator):
+        self.params, self.gen = self.draft_params or params, generator
+
+    def propose(self, context, gamma):
+        q = lambda tokens: self.params.probs(self.draft.logits_for(tuple(tokens)))  # noqa: E731
+        return sample_tree(q, context, gamma, self.width, self.gen)
+
+    def accept(self, n):
+        pass
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_sampled_draft_trees_match_target_over_whole_sequences(setting):
+    """Children drawn from the draft's q without replacement, tried in order against the target's
+    residual (SpecInfer's multi-candidate speculative sampling): exact whole sequences."""
+    assert whole_sequence_pvalue(SampledTreeDrafter, 4, SETTINGS[setting]) > 1e-3
+
+
+@pytest.mark.statistical
+def test_sampled_trees_from_a_differently_tempered_draft_match_target():
+    drafter_for = lambda draft: SampledTreeDrafter(draft, 3, SamplingParams(temperature=2.0))  # noqa: E731
+    assert whole_sequence_pvalue(drafter_for, 5, SETTINGS["temperature 0.7"]) > 1e-3
+
+
+def test_greedy_output_through_sampled_trees_is_plain_greedy():
+    """Greedy target, trees sampled at temperature 1 (so nodes have several children): every
+    sequence is exactly the target's greedy one, and the trees were used (more than one token a
+    call on average)."""
+    target, draft = models()
+    greedy = SamplingParams(temperature=0)
+    plain = [t for step in autoregressive_decode(target, [0, 1], params=greedy, max_new_tokens=12) for t in step.tokens]
+    for seed in range(20):
+        drafter = SampledTreeDrafter(draft, 3, SamplingParams(temperature=1.0))
+        steps = list(speculative_decode(target, drafter, [0, 1], gamma=5, params=greedy, max_new_tokens=12, seed=seed))
+        assert [t for step in steps for t in step.tokens] == plain
+    assert sum(len(s.proposed) for s in steps) > len(steps) and any(s.num_accepted for s in steps)
+
+
 # The same check, run on deliberately broken loops, must fail: it has the power to catch them.
 
 @pytest.mark.statistical
@@ -147,6 +199,48 @@ def test_check_fails_when_a_tree_keeps_the_wrong_path(monkeypatch):
 
     monkeypatch.setattr(ToyCache, "keep", first_nodes)
     assert whole_sequence_pvalue(lambda draft: RandomTreeDrafter(), 4, SETTINGS["temperature 1"]) < 1e-6
+
+@pytest.mark.statistical
+def test_check_fails_when_a_sampled_tree_skips_the_residual(monkeypatch):
+    def no_residual(kids, guesses, draft_probs, p, gen):  # after rejections, draws from p itself
+        q = draft_probs[kids[0]]
+        for k in kids:
+            if float(torch.rand(1, generator=gen, dtype=torch.float64)) < float(p[guesses[k]] / q[guesses[k]]):
+                return k, None, 0.0
+        return None, int(sample(p, gen)), 0.0
+
+    monkeypatch.setattr(specdecode.decode, "_try_children", no_residual)
+    assert whole_sequence_pvalue(SampledTreeDrafter, 4, SETTINGS["temperature 1"]) < 1e-6
+
+
+@pytest.mark.statistical
+def test_check_fails_when_a_sampled_tree_is_cut_by_its_drawn_tokens():
+    """Dropping unlikely drawn tokens (here: the tree ends before the first node whose token has
+    q < 0.25) makes a child's presence depend on its own token: biased, and caught."""
+    class CutByToken(SampledTreeDrafter):
+        def propose(self, context, gamma):
+            draft = super().propose(context, gamma)
+            if not draft.gamma:
+                return draft
+            q_of_token = draft.probs[0].gather(-1, draft.tokens[0].unsqueeze(-1)).squeeze(-1).tolist()
+            return draft.prefix(next((i for i, q in enumerate(q_of_token) if q < 0.25), draft.gamma))
+
+    assert whole_sequence_pvalue(CutByToken, 4, SETTINGS["temperature 1"]) < 1e-6
+
+
+@pytest.mark.statistical
+def test_check_fails_when_a_sampled_tree_keeps_q_after_a_rejection(monkeypatch):
+    """The second child was drawn from q without the first: comparing it with the full q is wrong."""
+    try_children = specdecode.decode._try_children
+
+    def same_q(kids, guesses, draft_probs, p, gen):
+        probs = draft_probs.clone()
+        probs[kids[0]] = draft_probs[kids[0]] * 0.5 + 0.5 / draft_probs.shape[-1]  # q misstated
+        return try_children(kids, guesses, probs, p, gen)
+
+    monkeypatch.setattr(specdecode.decode, "_try_children", same_q)
+    assert whole_sequence_pvalue(SampledTreeDrafter, 4, SETTINGS["temperature 1"]) < 1e-6
+
 
 @pytest.mark.statistical
 def test_check_fails_when_the_loop_skips_the_residual(monkeypatch):

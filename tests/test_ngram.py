@@ -68,13 +68,30 @@ def test_a_drafter_fitted_for_another_vocabulary_is_refused():
         next(speculative_decode(target, drafter, [0]))
 
 
+def test_tree_proposals_sample_distinct_children_in_drawing_order():
+    drafter = NgramDrafter(VOCAB, order=2, trees=True, width=3).fit([[0, 1, 0, 2, 0, 1, 3, 4]])
+    drafter.reset(SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    draft = drafter.propose([0], 6)
+    tokens, parents = draft.tokens[0].tolist(), draft.parents
+    assert draft.gamma == 6 and draft.reach is None  # sized before drafting, never cut by its tokens
+    assert all(p < i for i, p in enumerate(parents)) and parents.count(-1) >= 2  # branches
+    for node in {-1, *parents}:
+        kids = [i for i, p in enumerate(parents) if p == node]
+        assert len({tokens[k] for k in kids}) == len(kids)  # siblings differ
+        assert all(torch.equal(draft.probs[0, k], draft.probs[0, kids[0]]) for k in kids)  # one q a node
+    assert torch.allclose(draft.probs[0, 0], drafter._q([0]))
+    assert draft.chain().tokens.shape[1] >= 1 and draft.chain().probs is not None
+    with pytest.raises(ValueError, match="width"):
+        NgramDrafter(VOCAB, trees=True, width=0)
+
+
 @pytest.mark.statistical
-@pytest.mark.parametrize("online", [False, True])
-def test_bigram_drafter_is_lossless_over_whole_sequences(online):
+@pytest.mark.parametrize("online, trees", [(False, False), (True, False), (False, True)])
+def test_bigram_drafter_is_lossless_over_whole_sequences(online, trees):
     target = ToyModel(3, seed=1, name="toy")
     vocab = target.vocab
     rng = np.random.default_rng(0)
-    drafter = NgramDrafter(vocab, order=2, online=online).fit([rng.integers(0, 3, 50).tolist()])
+    drafter = NgramDrafter(vocab, order=2, online=online, trees=trees).fit([rng.integers(0, 3, 50).tolist()])
     params = SamplingParams(temperature=1.0)
     gen = torch.Generator().manual_seed(0)
     outcomes = []

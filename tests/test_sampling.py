@@ -98,3 +98,18 @@ def test_draw_takes_the_greedy_fast_path_to_the_same_token():
     a = draw(logits, SamplingParams(), torch.Generator().manual_seed(1))
     b = sample(SamplingParams().probs(logits), torch.Generator().manual_seed(1))
     assert torch.equal(a, b)
+
+
+@pytest.mark.statistical
+def test_distinct_samples_follow_drawing_without_replacement():
+    """Ordered pairs from sample_distinct match P(a, b) = p(a) p(b) / (1 - p(a)); zero-probability
+    tokens never come back, so fewer than k may."""
+    from stats import chi2_pvalue
+    from specdecode.sampling import sample_distinct
+
+    p = torch.tensor([0.5, 0.3, 0.2, 0.0])
+    gen = torch.Generator().manual_seed(0)
+    pairs = [tuple(sample_distinct(p, 2, gen)) for _ in range(4000)]
+    expected = {(a, b): float(p[a] * p[b] / (1 - p[a])) for a in range(3) for b in range(3) if a != b}
+    assert chi2_pvalue(pairs, expected) > 1e-3
+    assert sorted(sample_distinct(p, 9, gen)) == [0, 1, 2]

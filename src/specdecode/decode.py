@@ -128,8 +128,11 @@ def speculative_decode(
 
         # 2. Draft.
         t0 = time.perf_counter()
-        sized = g and trees and lenience == 1 and getattr(drafter, "proposes_trees", False) and hasattr(
-            policy, "tree_size")  # a tree drafted to the policy's widest budget, then cut by its cost model
+        # A tree of guesses is drafted to the policy's widest budget, then cut by its cost model. A
+        # sampled tree (`drafters.tree`) keeps the size planned before drafting: cutting it by the
+        # tokens drawn would bias the output.
+        sized = g and trees and lenience == 1 and getattr(drafter, "proposes_trees", False) and not getattr(
+            drafter, "samples_trees", False) and hasattr(policy, "tree_size")
         budget = max(g, min(policy.max_gamma, room)) if sized else g
         draft = drafter.propose(context, budget) if g else NO_DRAFT
         shadow_draft = drafter.propose(context, 1) if shadow else None
@@ -206,13 +209,24 @@ def _sample(draft: Draft, shadow: Draft | None, logits: torch.Tensor, params: Sa
 
 def _walk_tree(draft: Draft, logits: torch.Tensor, params: SamplingParams,
                gen: torch.Generator) -> tuple[list[int], list[int], list[float]]:
-    """Verify a tree of deterministic guesses (logits [1, g+1, V]: row 0 after the context, row
-    1 + i after node i): draw the target's token where the walk stands; if a child of that node
-    guessed it, step into the child and draw again, else emit it and stop. Every emitted token is
-    drawn from the target's own distribution after the tokens before it, so the output is the
-    target's exactly; the draft only decides how many draws one call serves. Returns (emitted
-    tokens, the kept nodes, betas: at each node with children that the walk reached, the target's
-    probability of the children's tokens, the chance of going on)."""
+    """Verify a draft tree in one pass over the target's logits [1, g+1, V] (row 0 after the
+    context, row 1 + i after node i), walking down from the root:
+
+    - deterministic guesses (draft.probs None): draw the target's token where the walk stands; if
+      a child guessed it, step into that child and draw again, else emit it and stop. Every token
+      is the target's own draw; the draft only decides how many draws one call serves.
+    - sampled children (`drafters.tree`): recursive rejection (SpecInfer's multi-candidate
+      speculative sampling, children drawn without replacement). With p the target's distribution
+      and q the one the children were drawn from, try them in drawing order: accept child x with
+      probability min(1, p(x)/q(x)) and step into it; on a rejection p <- norm(max(0, p - q)) and
+      q <- q without x, renormalised (the next child was drawn from exactly that); if none is
+      accepted, emit a draw from the last p. Each try is one speculative-sampling step (Leviathan
+      et al., Algorithm 1) whose rejected branch continues with the residual, so the emitted token
+      is distributed as p.
+
+    Returns (emitted tokens, the kept nodes, betas: at each node with children that the walk
+    reached, the chance of going on: the target's mass on the children, or 1 - prod_j (1 - beta_j)
+    over the tries with beta_j = sum_x min(p_j, q_j))."""
     guesses = draft.tokens[0].tolist()
     children: dict[int, list[int]] = {}
     for node, parent in enumerate(draft.parents):
@@ -221,20 +235,48 @@ def _walk_tree(draft: Draft, logits: torch.Tensor, params: SamplingParams,
     while True:
         row = logits[0, node + 1]  # [V]
         kids = children.get(node, [])
-        if params.is_greedy:
-            token = int(draw(row, params))
-            if kids:
-                betas.append(float(any(guesses[k] == token for k in kids)))
+        if draft.probs is not None and kids:
+            follow, token, beta = _try_children(kids, guesses, draft.probs[0], params.probs(row), gen)
+            betas.append(beta)
         else:
-            probs = params.probs(row)
-            token = int(sample(probs, gen))
-            if kids:
-                betas.append(float(probs[[guesses[k] for k in kids]].sum()))
-        follow = next((k for k in kids if guesses[k] == token), None)
+            if params.is_greedy:
+                token = int(draw(row, params))
+                if kids:
+                    betas.append(float(any(guesses[k] == token for k in kids)))
+            else:
+                probs = params.probs(row)
+                token = int(sample(probs, gen))
+                if kids:
+                    betas.append(float(probs[[guesses[k] for k in kids]].sum()))
+            follow = next((k for k in kids if guesses[k] == token), None)
         if follow is None:
             return [guesses[k] for k in path] + [token], path, betas
         path.append(follow)
         node = follow
+
+
+def _try_children(kids: list[int], guesses: list[int], draft_probs: torch.Tensor, p: torch.Tensor,
+                  gen: torch.Generator) -> tuple[int | None, int | None, float]:
+    """Recursive rejection at one node (see `_walk_tree`): kids in drawing order, draft_probs
+    [g, V], p [V]. Returns (the accepted child or None, the emitted token when none was, beta)."""
+    q = draft_probs[kids[0]]  # [V]: every child of a node was drawn from the node's q
+    missed = 1.0
+    for k in kids:
+        x = guesses[k]
+        missed *= 1.0 - float(torch.minimum(p, q).sum())
+        ratio = float(p[x]) / float(q[x]) if q[x] > 0 else 0.0
+        if float(torch.rand(1, generator=gen, dtype=torch.float64)) < ratio:
+            return k, None, 1.0 - missed
+        residual = (p - q).clamp_min(0.0)
+        mass = float(residual.sum())
+        p = residual / mass if mass > 0 else p  # rounding where p == q: p itself is right
+        q = q.clone()
+        q[x] = 0.0
+        rest = float(q.sum())
+        if rest <= 0:
+            break
+        q = q / rest
+    return None, int(sample(p, gen)), 1.0 - missed
 
 
 def _greedy_verify(draft: Draft, logits: torch.Tensor, params: SamplingParams) -> tuple[list[int], int, list[float]]:

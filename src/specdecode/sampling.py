@@ -100,6 +100,17 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     return torch.minimum(tokens, last).reshape(probs.shape[:-1])
 
 
+def sample_distinct(probs: torch.Tensor, k: int, generator: torch.Generator | None = None) -> list[int]:
+    """Up to k distinct tokens from probs [V], in the order of drawing one after another without
+    replacement (each draw from probs renormalised over the tokens not yet drawn). Exponential
+    races: token x finishes at E_x / p(x) with E_x ~ Exp(1); the finishing order is that sequence
+    of draws. Tokens with zero probability never finish, so fewer than k may come back."""
+    u = torch.rand(probs.shape, generator=generator, dtype=torch.float64, device=probs.device)  # [V]
+    times = torch.where(probs > 0, -torch.log1p(-u) / probs.double(), torch.full_like(u, math.inf))  # [V]
+    k = min(k, int((probs > 0).sum()))
+    return torch.topk(times, k, largest=False).indices.tolist() if k else []
+
+
 def draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
     """One token per row straight from logits [..., V] -> [...]: `sample(params.probs(logits))`,
     except that greedy takes the argmax directly (the same token, ~5x less work per step)."""

@@ -18,8 +18,10 @@ class Draft:
     tokens: [B, g] int64, g <= gamma (a drafter may propose fewer, even none).
     probs:  [B, g, V] float32, the adjusted distributions the tokens were drawn from, or None
             for a deterministic drafter (q is then a point mass on each token).
-    parents: None for a chain; for a tree of deterministic guesses (B = 1, probs None), token i's
-            parent among the tokens (< i), or -1 where it follows the context; siblings differ.
+    parents: None for a chain; for a tree (B = 1), token i's parent among the tokens (< i), or -1
+            where it follows the context; siblings differ. Either deterministic guesses (probs
+            None), or sampled (`drafters.tree`): probs[0, i] is the q node i was drawn from, and
+            siblings were drawn one after another without replacement, in their index order.
     reach:  for a tree, optionally, the drafter's estimate of each node's chance of being reached,
             best first: any prefix of the nodes is then a tree worth verifying (`prefix`).
     """
@@ -35,23 +37,28 @@ class Draft:
 
     def prefix(self, n: int) -> Draft:
         """A tree's first n nodes (a tree, for drafts that give `reach`)."""
-        return Draft(self.tokens[:, :n], None, self.parents[:n], self.reach[:n] if self.reach else None)
+        probs = None if self.probs is None else self.probs[:, :n]
+        return Draft(self.tokens[:, :n], probs, self.parents[:n], self.reach[:n] if self.reach else None)
 
     def chain(self) -> Draft:
         """A tree's main chain (from the context, each node's first child): what a target that
-        cannot verify trees verifies. A chain is its own."""
+        cannot verify trees verifies. A chain is its own. A sampled tree's first children were
+        each drawn first from their q: the chain is an ordinary sampled draft."""
         if self.parents is None:
             return self
         path, node = [], -1
         while (node := next((i for i, p in enumerate(self.parents) if p == node), None)) is not None:
             path.append(node)
-        return Draft(self.tokens[:, path])
+        return Draft(self.tokens[:, path], None if self.probs is None else self.probs[:, path])
 
 
 class Drafter(Protocol):
     # The vocabulary the drafter's token ids come from, or None when it only copies ids it was
     # given (then they are the target's ids by construction).
     vocab: Vocabulary | None
+    # Optional flags: `proposes_trees` (its drafts may be trees; a target without tree attention
+    # verifies their main chain) and `samples_trees` (the trees' children are sampled from q, so
+    # their size is planned before drafting rather than cut after it).
 
     def reset(self, params: SamplingParams, generator: torch.Generator | None) -> None:
         """Start a new generation: forget any state, sample with these settings."""

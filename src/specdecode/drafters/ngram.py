@@ -20,13 +20,14 @@ import torch
 from ..models.base import Vocabulary
 from ..sampling import SamplingParams, sample
 from .base import Draft
+from .tree import sample_tree
 
 
 class NgramDrafter:
     """A k-gram model over token ids (order 1 = unigram, 2 = bigram, ...)."""
 
     def __init__(self, vocab: Vocabulary, order: int = 2, weights: Sequence[float] | None = None,
-                 uniform: float = 1e-3, online: bool = False) -> None:
+                 uniform: float = 1e-3, online: bool = False, trees: bool = False, width: int = 3) -> None:
         if order < 1:
             raise ValueError(f"order must be >= 1, got {order}")
         if not (0.0 < uniform < 1.0):
@@ -41,6 +42,11 @@ class NgramDrafter:
         self.weights = [(1 - uniform) * w / total for w in weights]
         self.uniform = uniform
         self.online = online
+        if trees and width < 1:
+            raise ValueError(f"a draft tree needs a width >= 1, got {width}")
+        # trees: `width` children a node, sampled from q (their size is planned before drafting)
+        self.proposes_trees = self.samples_trees = trees
+        self.width = width
         # counts[n][context tuple of length n] -> Counter(next token); n = 0..order-1
         self.counts: list[dict[tuple[int, ...], Counter]] = [defaultdict(Counter) for _ in range(order)]
         self._counted = 0  # context tokens already added online
@@ -82,6 +88,10 @@ class NgramDrafter:
             q += missing / self.vocab.size
         return q
 
+    def _q(self, context: Sequence[int]) -> torch.Tensor:
+        """The draft distribution under the sampling settings, the same transform as p: [V]."""
+        return self.params.probs(self.distribution(context).log())
+
     # -- drafter protocol --------------------------------------------------------------------
     def reset(self, params: SamplingParams, generator: torch.Generator | None) -> None:
         self.params, self.generator = params, generator
@@ -92,9 +102,11 @@ class NgramDrafter:
         if self.online and len(context) > self._counted:
             self._add(context, self._counted)
             self._counted = len(context)
+        if self.proposes_trees:
+            return sample_tree(self._q, context, gamma, self.width, self.generator)
         tokens, probs = [], []
         for _ in range(gamma):
-            q = self.params.probs(self.distribution(context).log().unsqueeze(0))  # [1, V], same transform as p
+            q = self._q(context).unsqueeze(0)  # [1, V]
             x = sample(q, self.generator)  # [1]
             tokens.append(x)
             probs.append(q)
@@ -120,7 +132,7 @@ class NgramDrafter:
         return path if path.suffix == ".npz" else path.with_suffix(path.suffix + ".npz")
 
     @classmethod
-    def load(cls, path: str | Path, online: bool = False) -> "NgramDrafter":
+    def load(cls, path: str | Path, online: bool = False, trees: bool = False) -> "NgramDrafter":
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"n-gram file {str(path)!r} does not exist")
@@ -131,7 +143,7 @@ class NgramDrafter:
             raise ValueError(f"{str(path)!r} is not an n-gram file written by `specdecode ngram fit` ({err})") from None
         vocab = Vocabulary(meta["vocab_name"], meta["vocab_size"], meta["vocab_fingerprint"])
         total = 1 - meta["uniform"]
-        drafter = cls(vocab, meta["order"], [w / total for w in meta["weights"]], meta["uniform"], online)
+        drafter = cls(vocab, meta["order"], [w / total for w in meta["weights"]], meta["uniform"], online, trees)
         for n in range(meta["order"]):
             for row in data[f"order{n}"]:
                 drafter.counts[n][tuple(int(t) for t in row[:n])][int(row[n])] = int(row[n + 1])

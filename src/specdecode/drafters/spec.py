@@ -77,10 +77,11 @@ def make_drafter(spec: DraftSpec | str, target: Model, draft_model: Model | None
     spec = spec if isinstance(spec, DraftSpec) else DraftSpec(spec)
     if spec.spec == LOOKUP:
         return PromptLookupDrafter()
-    if spec.spec == SUFFIX:  # trees where the target verifies them in one call, else chains
-        return SuffixDrafter(suffix_cache, trees=getattr(target, "supports_trees", False))
+    trees = getattr(target, "supports_trees", False)  # where the target verifies them in one call, else chains
+    if spec.spec == SUFFIX:
+        return SuffixDrafter(suffix_cache, trees=trees)
     if spec.spec.startswith(NGRAM):
-        return NgramDrafter.load(spec.spec[len(NGRAM):])
+        return NgramDrafter.load(spec.spec[len(NGRAM):], trees=trees)
     if draft_model is None:
         draft_model = load_draft_model(spec.model_path, target, spec.backend or backend, dtype, device, threads)
     drafter = ModelDrafter(draft_model, min_confidence=spec.min_confidence)
