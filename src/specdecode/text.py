@@ -94,10 +94,12 @@ def generate(
             if cut is not None:
                 full, finish = full[:cut], "stop"
                 with_accepted = with_accepted[:cut]
-            if not finish:  # hold back what is not final: a partial character, the start of a stop string
-                full = _stable(full, shown)
+            # A partial character is never shown: held back until the next token completes it, and
+            # dropped when the reply ends first. The start of a stop string waits for the next token.
+            full = _stable(full, shown)
+            if not finish:
                 full = full[: max(len(shown), len(full) - _partial_stop(full, stop))]
-                with_accepted = with_accepted[: len(full)]
+            with_accepted = with_accepted[: len(full)]
             piece = TextStep(
                 step=step,
                 accepted_text=with_accepted[len(shown):],

@@ -61,14 +61,6 @@ def _usage(prompt_tokens: int, stats: Stats, draft: str, gamma, positions: int) 
     }
 
 
-def _piece_text(piece) -> str:
-    """A text piece; the last drops a trailing U+FFFD. The text layer holds back a character whose
-    bytes are incomplete until the next token completes it; when max_tokens (or EOS) ends the reply
-    first, the incomplete bytes decode as U+FFFD, which is no part of the reply."""
-    text = piece.accepted_text + piece.target_text
-    return text.rstrip("\ufffd") if piece.finish_reason else text
-
-
 def _fit(req: Request, prompt_tokens: int, window: int | None) -> Request:
     """Check that the prompt and max_tokens fit the context window; an omitted max_tokens is capped
     at the room the prompt leaves."""
@@ -222,7 +214,7 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
                         return None
                     continue
                 if event == "piece":
-                    pieces.append(_piece_text(value))
+                    pieces.append(value.accepted_text + value.target_text)
                 elif event == "error":
                     raise RequestError(500, value, None, "generation_failed", type="server_error")
                 else:
@@ -251,7 +243,7 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
             while True:
                 event, value = await job.events.get()
                 if event == "piece":
-                    text = _piece_text(value)
+                    text = value.accepted_text + value.target_text
                     if text:
                         yield chunk(text)
                 elif event == "error":
