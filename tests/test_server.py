@@ -1,6 +1,7 @@
 """`specdecode serve` on 127.0.0.1 with the embedded model, driven by the official openai client."""
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -379,7 +380,100 @@ def test_accepted_per_position_has_an_entry_per_draft_position_and_the_rates_agr
     assert none["alpha"] is None and none["acceptance_rate"] is None
 
 
+def test_serve_help_documents_the_default_max_tokens(capsys):
+    from conftest import run_cli
+
+    code, out, _ = run_cli(capsys, "serve", "--help")
+    assert code == 0 and "without max_tokens" in " ".join(out.split()) and "min(256" in out
+
+
+@pytest.mark.parametrize("host, key, warns", [("0.0.0.0", None, True), ("0.0.0.0", "k", False),
+                                               ("127.0.0.1", None, False), ("localhost", None, False)])
+def test_a_public_host_without_an_api_key_warns(capsys, monkeypatch, host, key, warns):
+    import specdecode.cli as cli
+    from conftest import run_cli
+
+    def stop(args):
+        raise ValueError("stopped before loading the model")
+
+    monkeypatch.setattr(cli, "_load_target", stop)
+    monkeypatch.delenv("SPECDECODE_API_KEY", raising=False)
+    if key:
+        monkeypatch.setenv("SPECDECODE_API_KEY", key)
+    code, _, err = run_cli(capsys, "serve", "--host", host)
+    assert code == 2 and "stopped before loading" in err
+    assert ("without an API key" in err) == warns
+
+
 KEY = "s3cret-key"
+
+
+@pytest.fixture(scope="module")
+def guarded():
+    """A second server: the key from the environment, two model names, one request may wait."""
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "specdecode", "serve", "--port", str(port), "--model-name", MODEL, "--model-name",
+         "alias", "--max-queue", "1", "--max-tokens", "64"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "SPECDECODE_API_KEY": KEY})
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(base + "/health", timeout=2)
+            break
+        except OSError:
+            if process.poll() is not None:
+                pytest.fail("the server exited: " + process.stdout.read()[-2000:])
+            time.sleep(1)
+    else:
+        process.kill()
+        pytest.fail("the server did not come up")
+    yield base
+    process.terminate()
+    process.wait(timeout=30)
+
+
+def test_an_api_key_guards_every_route_but_health(guarded):
+    good = openai.OpenAI(base_url=guarded + "/v1", api_key=KEY, max_retries=0)
+    bad = openai.OpenAI(base_url=guarded + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as refused:
+        bad.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=4)
+    error = refused.value.response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "invalid_api_key" and error["message"]
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    for path in ("/v1/models", "/v1/nothing", "/metrics"):  # no Authorization header at all
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(guarded + path)
+        assert refused.value.code == 401 and json.load(refused.value)["error"]["code"] == "invalid_api_key"
+    with urllib.request.urlopen(guarded + "/health") as response:
+        assert json.load(response)["status"] == "ok"
+    assert good.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
+                                        max_tokens=4).choices[0].message.content
+    assert _requests(_metrics(guarded, KEY), "/v1/chat/completions", 401) == 1
+
+
+def test_every_model_name_is_served_and_the_first_is_the_primary(guarded):
+    client = openai.OpenAI(base_url=guarded + "/v1", api_key=KEY, max_retries=0)
+    assert [m.id for m in client.models.list()] == [MODEL, "alias"]
+    reply = client.chat.completions.create(model="alias", messages=[{"role": "user", "content": QUESTION}],
+                                           temperature=0, max_tokens=4)
+    assert reply.model == MODEL and reply.choices[0].message.content
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.chat.completions.create(model="other", messages=[{"role": "user", "content": QUESTION}], max_tokens=4)
+    assert "'alias'" in refused.value.response.json()["error"]["message"]
+
+
+def test_the_429_message_counts_one_waiting_request_in_the_singular(guarded):
+    client = openai.OpenAI(base_url=guarded + "/v1", api_key=KEY, max_retries=0)
+    streams = [client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
+                                              temperature=0, max_tokens=64, stream=True) for _ in range(2)]
+    with pytest.raises(openai.RateLimitError) as refused:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=4)
+    assert "1 request is waiting" in refused.value.response.json()["error"]["message"]
+    for stream in streams:
+        stream.close()
 
 
 def test_create_app_takes_the_key_aliases_and_an_open_metrics_route():
