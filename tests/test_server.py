@@ -374,10 +374,13 @@ def test_accepted_per_position_has_an_entry_per_draft_position_and_the_rates_agr
     wide = spec(16, "trained")  # 8 tokens cannot fill 16 positions: the rest are zeros
     assert len(wide["accepted_per_position"]) == 16 and sum(wide["accepted_per_position"]) == wide["accepted_tokens"]
     assert wide["draft_tokens"] and isinstance(wide["alpha"], float) and isinstance(wide["acceptance_rate"], float)
+    depth = wide["acceptance_per_depth"]
+    assert len(depth) == 16 and depth == [c / wide["num_drafts"] for c in wide["accepted_per_position"]]
+    assert wide["num_tree_drafts"] == 0  # a draft model proposes chains
     assert len(spec("auto")["accepted_per_position"]) == 8  # the server's --max-gamma
     none = spec(0)
     assert none["accepted_per_position"] == [] and none["draft_tokens"] == 0
-    assert none["alpha"] is None and none["acceptance_rate"] is None
+    assert none["alpha"] is None and none["acceptance_rate"] is None and none["acceptance_per_depth"] is None
 
 
 def test_serve_help_documents_the_default_max_tokens(capsys):

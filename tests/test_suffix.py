@@ -8,6 +8,7 @@ import torch
 from specdecode import SamplingParams, autoregressive_decode, speculative_decode
 from specdecode.drafters import PromptLookupDrafter, SuffixCache, SuffixDrafter
 from specdecode.drafters.suffix import SuffixTrie
+from specdecode.stats import Stats
 from toy import ToyModel
 
 GREEDY = SamplingParams(temperature=0)
@@ -110,6 +111,22 @@ def test_greedy_suffix_drafting_equals_plain_greedy_and_remembers_across_request
             accepted[cache is not None, number] = sum(s.num_accepted for s in steps)
     # the repeated request drafts its remembered output; the toy's output does not repeat within one
     assert accepted[True, 1] >= 15 and accepted[False, 1] <= 10
+
+
+def test_tree_statistics_count_nodes_verified_and_the_depth_kept():
+    """Stats over tree steps: nodes verified per call, the kept path's depth, acceptance per depth."""
+    target, cache = ToyModel(6, seed=21), SuffixCache(depth=8)
+    for _ in range(2):  # the second request finds the first's output in the shared cache
+        stats = Stats()
+        for step in speculative_decode(target, SuffixDrafter(cache, trees=True), [1, 2, 3], gamma=4,
+                                       params=GREEDY, max_new_tokens=30):
+            stats.add(step)
+    drafted = [(nodes, depth) for nodes, depth in stats.calls if nodes]
+    assert stats.tree_drafts == stats.drafts == len(drafted) > 0 and len(stats.calls) == stats.target_calls
+    assert stats.proposed == sum(n for n, _ in drafted) and stats.accepted == sum(d for _, d in drafted) > 0
+    depths = [d for _, d in drafted]
+    assert stats.acceptance_per_depth == [sum(d > i for d in depths) / len(depths) for i in range(max(depths))]
+    assert stats.summary()["calls"] == stats.calls
 
 
 def test_bad_settings_are_refused_by_name():

@@ -33,7 +33,7 @@ class Step:
 
     tokens: list[int]  # emitted, in order: num_accepted draft tokens, then the target's own token
     num_accepted: int  # how many leading `tokens` came from the draft
-    proposed: list[int] = field(default_factory=list)  # the draft's whole proposal
+    proposed: list[int] = field(default_factory=list)  # the draft's whole proposal (a tree's nodes, in order)
     # beta_i = sum_x min(p_i, q_i) at each draft position whose prefix the target kept (positions
     # 0..num_accepted, at most gamma): the exact acceptance probability there, for estimating alpha.
     # With speculation switched off, the one shadow proposal's beta.
@@ -41,6 +41,7 @@ class Step:
     draft_seconds: float = 0.0
     target_seconds: float = 0.0  # the target call and the sampling from its logits
     finish_reason: str | None = None  # "eos" or "length" on the last step, else None
+    tree: bool = False  # the proposal was a tree (its nodes verified in this one call)
 
     @property
     def from_draft(self) -> list[bool]:
@@ -181,7 +182,8 @@ def speculative_decode(
         context.extend(new)
         emitted += len(new)
         yield Step(tokens=new, num_accepted=min(n, len(new)), proposed=draft.tokens[0].tolist(), betas=betas,
-                   draft_seconds=t1 - t0, target_seconds=t2 - t1, finish_reason=finish)
+                   draft_seconds=t1 - t0, target_seconds=t2 - t1, finish_reason=finish,
+                   tree=draft.parents is not None)
         if finish:
             return
 

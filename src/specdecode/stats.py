@@ -14,11 +14,14 @@ class Stats:
     new_tokens: int = 0
     target_calls: int = 0
     drafts: int = 0  # target calls that verified a proposal
-    proposed: int = 0  # draft tokens proposed
-    accepted: int = 0  # draft tokens accepted
-    # accepted_per_position[i]: proposals whose draft token i was accepted (vLLM's per-position
-    # acceptance; divided by `drafts` it is the empirical P(at least i+1 tokens accepted))
+    tree_drafts: int = 0  # of those, proposals that were trees
+    proposed: int = 0  # draft tokens proposed (a tree's: its nodes, all verified in one call)
+    accepted: int = 0  # draft tokens accepted (a tree's: the depth of the path kept)
+    # accepted_per_position[i]: proposals whose draft token i was accepted, for a tree: whose kept
+    # path reached depth i+1 (vLLM's per-position acceptance; divided by `drafts` it is the
+    # empirical P(at least i+1 tokens accepted), `acceptance_per_depth`)
     accepted_per_position: list[int] = field(default_factory=list)
+    calls: list[tuple[int, int]] = field(default_factory=list)  # per call: (tokens verified, accepted)
     beta_sum: float = 0.0  # sum of per-position acceptance probabilities (see Step.betas)
     beta_count: int = 0
     draft_seconds: float = 0.0
@@ -31,6 +34,8 @@ class Stats:
         self.new_tokens += len(step.tokens)
         self.target_calls += 1
         self.drafts += bool(step.proposed)
+        self.tree_drafts += bool(step.proposed) and step.tree
+        self.calls.append((len(step.proposed), step.num_accepted))
         self.proposed += len(step.proposed)
         self.accepted += step.num_accepted
         if len(self.accepted_per_position) < step.num_accepted:
@@ -53,6 +58,11 @@ class Stats:
         return self.accepted / self.proposed if self.proposed else None
 
     @property
+    def acceptance_per_depth(self) -> list[float]:
+        """P(the kept run reached depth i+1), over the calls that verified a proposal."""
+        return [count / self.drafts for count in self.accepted_per_position] if self.drafts else []
+
+    @property
     def alpha(self) -> float | None:
         """Mean acceptance probability E[sum_x min(p, q)] over the positions drafted in this run."""
         return self.beta_sum / self.beta_count if self.beta_count else None
@@ -67,6 +77,7 @@ class Stats:
         out.update(
             tokens_per_call=self.tokens_per_call,
             acceptance_rate=self.acceptance_rate,
+            acceptance_per_depth=self.acceptance_per_depth,
             alpha=self.alpha,
             tokens_per_second=self.tokens_per_second,
         )

@@ -24,6 +24,8 @@ class Row:
     tokens_per_second: float
     speedup: float
     tokens_per_call: float | None
+    nodes_per_draft: float | None  # draft tokens (tree nodes) verified per call that verified any
+    depth_per_draft: float | None  # of which accepted: the kept path's depth
     alpha: float | None
     cost_ratio: float | None
     predicted_speedup: float | None  # the paper's formula
@@ -47,6 +49,7 @@ def aggregate(runs: Sequence[Run], profile: Profile | None = None) -> list[Row]:
         calls = sum(r.target_calls or 0 for r in rs)
         beta_count = sum(r.beta_count or 0 for r in rs)
         proposed = sum(r.proposed or 0 for r in rs)
+        drafts = sum(r.drafts or 0 for r in rs)
         alpha = sum(r.beta_sum or 0 for r in rs) / beta_count if beta_count else None
         cost = None
         if proposed and profile:
@@ -62,6 +65,8 @@ def aggregate(runs: Sequence[Run], profile: Profile | None = None) -> list[Row]:
             tokens_per_second=tps[(task, label, temperature)],
             speedup=tps[(task, label, temperature)] / base if base else float("nan"),
             tokens_per_call=sum(r.new_tokens for r in rs) / calls if calls else None,
+            nodes_per_draft=proposed / drafts if drafts else None,
+            depth_per_draft=sum(r.accepted or 0 for r in rs) / drafts if drafts else None,
             alpha=alpha, cost_ratio=cost, predicted_speedup=predicted, predicted_speedup_hw=predicted_hw,
             identical=f"{sum(r.identical for r in greedy)}/{len(greedy)}" if greedy and temperature == 0 else None,
         ))
@@ -77,14 +82,15 @@ def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
 
 def markdown(rows: Sequence[Row]) -> str:
     lines = [
-        "| task | method | temp | runs | tokens | tokens/s | speedup | tokens/call | alpha | c | predicted (paper) "
-        "| predicted (T(k)) | identical |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| task | method | temp | runs | tokens | tokens/s | speedup | tokens/call | nodes/draft | depth/draft "
+        "| alpha | c | predicted (paper) | predicted (T(k)) | identical |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r.task} | {r.method} | {r.temperature:g} | {r.runs} | {r.new_tokens} | {r.tokens_per_second:.1f} "
-            f"| {r.speedup:.2f}x | {_fmt(r.tokens_per_call)} | {_fmt(r.alpha)} | {_fmt(r.cost_ratio, '.3f')} "
+            f"| {r.speedup:.2f}x | {_fmt(r.tokens_per_call)} | {_fmt(r.nodes_per_draft)} | {_fmt(r.depth_per_draft)} "
+            f"| {_fmt(r.alpha)} | {_fmt(r.cost_ratio, '.3f')} "
             f"| {_fmt(r.predicted_speedup, '.2f', 'x')} | {_fmt(r.predicted_speedup_hw, '.2f', 'x')} "
             f"| {r.identical or '-'} |"
         )

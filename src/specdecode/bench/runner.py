@@ -41,6 +41,7 @@ class Run:
     new_tokens: int
     wall_seconds: float
     target_calls: int | None = None
+    drafts: int | None = None  # calls that verified a proposal
     proposed: int | None = None
     accepted: int | None = None
     beta_sum: float | None = None
@@ -134,7 +135,7 @@ def run_one(target, prompt: Prompt, ids: list[int], method: Method, params: Samp
             s = piece.step
             timeline.append((s.draft_seconds, s.target_seconds, len(s.proposed), len(s.tokens)))
     return Run(**base, new_tokens=stats.new_tokens, wall_seconds=stats.wall_seconds, target_calls=stats.target_calls,
-               proposed=stats.proposed, accepted=stats.accepted, beta_sum=stats.beta_sum,
+               drafts=stats.drafts, proposed=stats.proposed, accepted=stats.accepted, beta_sum=stats.beta_sum,
                beta_count=stats.beta_count, draft_seconds=stats.draft_seconds, target_seconds=stats.target_seconds,
                tokens=stats.tokens, timeline=timeline if keep_timeline else None)
 

@@ -28,6 +28,8 @@ class Metrics:
                                 ["endpoint", "status"], registry=r)
         self.num_drafts = Counter(f"{PREFIX}_spec_decode_num_drafts", "target calls that verified a proposal",
                                   registry=r)
+        self.num_tree_drafts = Counter(f"{PREFIX}_spec_decode_num_tree_drafts",
+                                       "proposals that were trees (their nodes count as draft tokens)", registry=r)
         self.num_draft_tokens = Counter(f"{PREFIX}_spec_decode_num_draft_tokens", "draft tokens proposed",
                                         registry=r)
         self.num_accepted_tokens = Counter(f"{PREFIX}_spec_decode_num_accepted_tokens", "draft tokens accepted",
@@ -49,6 +51,7 @@ class Metrics:
 
     def finished(self, prompt_tokens: int, stats: Stats, latency: float, ttft: float | None) -> None:
         self.num_drafts.inc(stats.drafts)
+        self.num_tree_drafts.inc(stats.tree_drafts)
         self.num_draft_tokens.inc(stats.proposed)
         self.num_accepted_tokens.inc(stats.accepted)
         for position, count in enumerate(stats.accepted_per_position):
