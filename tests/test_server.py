@@ -25,13 +25,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server():
+def _start_server(*options: str, env: dict | None = None):
+    """`specdecode serve` with these options on a free port, once /health answers: (base URL, process)."""
     port = _free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "specdecode", "serve", "--port", str(port), "--model-name", MODEL, "--max-queue", "2",
-         "--max-tokens", "64", "--also-draft", "trained", "--max-body-bytes", "200000"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen([sys.executable, "-m", "specdecode", "serve", "--port", str(port), *options],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -45,9 +43,20 @@ def server():
     else:
         process.kill()
         pytest.fail("the server did not come up")
-    yield base, process
+    return base, process
+
+
+def _stop(process) -> None:
     process.terminate()
     process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server():
+    base, process = _start_server("--model-name", MODEL, "--max-queue", "2", "--max-tokens", "64",
+                                  "--also-draft", "trained", "--max-body-bytes", "200000")
+    yield base, process
+    _stop(process)
 
 
 @pytest.fixture
@@ -414,27 +423,10 @@ KEY = "s3cret-key"
 @pytest.fixture(scope="module")
 def guarded():
     """A second server: the key from the environment, two model names, one request may wait."""
-    port = _free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "specdecode", "serve", "--port", str(port), "--model-name", MODEL, "--model-name",
-         "alias", "--max-queue", "1", "--max-tokens", "64"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "SPECDECODE_API_KEY": KEY})
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(base + "/health", timeout=2)
-            break
-        except OSError:
-            if process.poll() is not None:
-                pytest.fail("the server exited: " + process.stdout.read()[-2000:])
-            time.sleep(1)
-    else:
-        process.kill()
-        pytest.fail("the server did not come up")
+    base, process = _start_server("--model-name", MODEL, "--model-name", "alias", "--max-queue", "1",
+                                  "--max-tokens", "64", env={**os.environ, "SPECDECODE_API_KEY": KEY})
     yield base
-    process.terminate()
-    process.wait(timeout=30)
+    _stop(process)
 
 
 def test_an_api_key_guards_every_route_but_health(guarded):
