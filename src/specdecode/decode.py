@@ -24,7 +24,7 @@ from .gamma import GammaPolicy, as_policy
 from .models.base import Model, check_same_vocab
 from .options import check_lenience, check_max_new_tokens, check_prompt_ids
 from .sampling import SamplingParams, draw, make_generator, sample
-from .verify import draft_acceptance, match_vocab, verify
+from .verify import draft_acceptance, match_vocab, residual, verify
 
 
 @dataclass
@@ -269,9 +269,7 @@ def _try_children(kids: list[int], guesses: list[int], draft_probs: torch.Tensor
         ratio = float(p[x]) / float(q[x]) if q[x] > 0 else 0.0
         if float(torch.rand(1, generator=gen, dtype=torch.float64)) < ratio:
             return k, None, 1.0 - missed
-        residual = (p - q).clamp_min(0.0)
-        mass = float(residual.sum())
-        p = residual / mass if mass > 0 else p  # rounding where p == q: p itself is right
+        p = residual(p, q)
         q = q.clone()
         q[x] = 0.0
         rest = float(q.sum())

@@ -46,6 +46,14 @@ def draft_acceptance(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | Non
     return acceptance(target_probs, draft_probs)
 
 
+def residual(target_probs: torch.Tensor, draft_probs: torch.Tensor, lenience: float = 1.0) -> torch.Tensor:
+    """The distribution after a rejection, p' = norm(max(0, p - l*q)) (paper, Algorithm 1):
+    [..., V] -> [..., V]. Rounding can leave no mass where p == q exactly; p itself is then right."""
+    rest = (target_probs - lenience * draft_probs).clamp_min(0.0)
+    mass = rest.sum(-1, keepdim=True)
+    return torch.where(mass > 0, rest / mass.clamp_min(1e-30), target_probs)
+
+
 def match_vocab(draft_probs: torch.Tensor | None, vocab_size: int) -> torch.Tensor | None:
     """Pad a draft distribution [..., V'] to the target's logit width V (tokens the draft's head
     lacks have q = 0, which keeps speculative sampling exact)."""
@@ -122,11 +130,7 @@ def verify(
     else:
         q_n = draft_probs
     q_n = torch.cat([q_n, torch.zeros(B, 1, V, dtype=p_n.dtype, device=device)], dim=1)[rows, num_accepted]  # [B, V]
-    residual = (p_n - lenience * q_n).clamp_min(0.0)  # [B, V]; equals p_n where all were accepted
-    mass = residual.sum(-1, keepdim=True)  # [B, 1]
-    # Rounding can leave no residual mass where p == q exactly; then p itself is the right answer.
-    residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_n)
-    extra = sample(residual, generator)  # [B]
+    extra = sample(residual(p_n, q_n, lenience), generator)  # [B]; p_n itself where all were accepted
 
     # 4. Assemble [accepted drafts..., extra, -1 padding].
     positions = torch.arange(g + 1, device=device).unsqueeze(0)  # [1, g+1]

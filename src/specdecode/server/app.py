@@ -37,11 +37,14 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _padded(values: list, length: int) -> list:
+    return list(values) + [0] * (length - len(values))
+
+
 def _usage(prompt_tokens: int, stats: Stats, draft: str, gamma, positions: int) -> dict:
     """OpenAI's usage plus the speculation statistics; `positions`: the most draft positions the
     request's gamma allows (accepted_per_position has an entry, zero or not, for each)."""
-    per_position = list(stats.accepted_per_position)
-    per_position += [0] * (positions - len(per_position))
+    per_position = _padded(stats.accepted_per_position, positions)
     drafted = stats.proposed > 0  # else both rates are null (alpha may hold a shadow proposal's score)
     return {
         "prompt_tokens": prompt_tokens,
@@ -55,7 +58,7 @@ def _usage(prompt_tokens: int, stats: Stats, draft: str, gamma, positions: int) 
             "draft_tokens": stats.proposed,
             "accepted_tokens": stats.accepted,
             "accepted_per_position": per_position,
-            "acceptance_per_depth": [count / stats.drafts for count in per_position] if drafted else None,
+            "acceptance_per_depth": _padded(stats.acceptance_per_depth, positions) if drafted else None,
             "acceptance_rate": stats.acceptance_rate if drafted else None,
             "tokens_per_call": stats.tokens_per_call,
             "alpha": stats.alpha if drafted else None,
