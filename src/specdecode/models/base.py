@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -66,6 +66,25 @@ class Model(Protocol):
         """tokens [B, T] -> logits [B, T, V] (or only the last num_logits positions), float32, on
         `device`. Appends the T positions to `cache`.
         """
+
+
+@dataclass
+class ForwardCall:
+    """One request's share of a batched forward: what `target.forward` would take alone."""
+
+    tokens: torch.Tensor  # [1, T]
+    cache: object
+    num_logits: int
+    parents: list[int] | None = None  # a draft tree (see NativeLlama.forward)
+
+
+def forward_batch(target, calls: Sequence[ForwardCall]) -> list[torch.Tensor]:
+    """Each call's logits [1, num_logits, V]: in one ragged forward where the target has
+    `forward_batch` (its rows share the weights' reads), else one forward per call."""
+    if hasattr(target, "forward_batch"):
+        return target.forward_batch(calls)
+    return [target.forward(c.tokens, c.cache, num_logits=c.num_logits,
+                           **({} if c.parents is None else {"parents": c.parents})) for c in calls]
 
 
 def check_same_vocab(target: Vocabulary, draft: Vocabulary) -> None:
