@@ -21,7 +21,7 @@ import torch
 
 from .drafters.base import Draft, Drafter
 from .gamma import GammaPolicy, as_policy
-from .models.base import Model, check_same_vocab
+from .models.base import ForwardCall, Model, check_same_vocab, forward_batch
 from .options import check_lenience, check_max_new_tokens, check_prompt_ids
 from .sampling import SamplingParams, draw, make_generator, sample
 from .verify import draft_acceptance, match_vocab, residual, verify
@@ -94,80 +94,133 @@ def speculative_decode(
     samples (for lenience = 1). `gamma` is a fixed draft length, a policy (`gamma.AdaptiveGamma`)
     that plans one per iteration, or "auto" (the default): an adaptive policy fed by the target's
     measured verification cost, so speculation turns itself down where verifying is costly."""
-    _check_request(target, prompt, max_new_tokens)
-    check_lenience(lenience)
-    if drafter.vocab is not None:
-        check_same_vocab(target.vocab, drafter.vocab)
-    policy = as_policy(gamma, target)  # after the cheap checks: "auto" may measure the target first
-    trees = getattr(target, "supports_trees", False)
-    if not trees and getattr(drafter, "proposes_trees", False):
-        warnings.warn(f"the {getattr(target, 'backend', type(target).__name__)} backend verifies chains only: "
-                      "tree drafts are cut to their main chain", RuntimeWarning, stacklevel=2)
-    eos = frozenset(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
-    gen = make_generator(seed, generator, target.device)
-    drafter.reset(params, gen)
-    if hasattr(drafter, "begin"):  # a drafter that tells the prompt from the output (suffix drafting)
-        drafter.begin(prompt)
-    limit = target.max_positions
-    context = list(prompt)
-    cache = target.new_cache()  # owned by this generator: stopping early leaves nothing to restore
-
-    emitted = 0
+    decoding = Decoding(target, drafter, prompt, gamma=gamma, params=params, max_new_tokens=max_new_tokens,
+                        lenience=lenience, seed=seed, generator=generator, eos_token_ids=eos_token_ids)
     while True:
-        # 1. Plan: never draft past the length limit or the context window (those tokens would be
-        #    thrown away). With speculation off, a policy may ask for a one-token "shadow" proposal,
-        #    scored against the target but not verified, to learn when drafting would pay again.
-        #    The prefill goes alone, without a draft: the prompt's cache entries are then computed
-        #    exactly as plain decoding computes them (a batch-invariant target gives identical logits).
-        room = max_new_tokens - emitted - 1
-        if limit:
-            room = min(room, limit - len(context) - 1)
-        prefill = len(cache) == 0
+        call = decoding.prepare()
+        logits = forward_batch(target, [call])[0]
+        step = decoding.complete(logits)
+        yield step
+        if step.finish_reason:
+            return
+
+
+class Decoding:
+    """One request's speculative decoding, one iteration at a time: `prepare()` plans and drafts
+    and returns the target call the iteration needs (`models.base.ForwardCall`); `complete(logits)`
+    verifies, rolls back and returns the `Step`. `speculative_decode` drives one; `batch` drives
+    several through one ragged target forward, each exactly as it would run alone.
+
+    Cache invariant: see the module docstring. The cache is owned here: a consumer that stops
+    early leaves nothing to restore."""
+
+    def __init__(self, target: Model, drafter: Drafter, prompt: Sequence[int], *,
+                 gamma: int | str | GammaPolicy = "auto", params: SamplingParams = SamplingParams(),
+                 max_new_tokens: int = 128, lenience: float = 1.0, seed: int | None = None,
+                 generator: torch.Generator | None = None, eos_token_ids: Sequence[int] | None = None,
+                 cache=None) -> None:
+        _check_request(target, prompt, max_new_tokens)
+        check_lenience(lenience)
+        if drafter.vocab is not None:
+            check_same_vocab(target.vocab, drafter.vocab)
+        self.policy = as_policy(gamma, target)  # after the cheap checks: "auto" may measure the target first
+        self.trees = getattr(target, "supports_trees", False)
+        if not self.trees and getattr(drafter, "proposes_trees", False):
+            warnings.warn(f"the {getattr(target, 'backend', type(target).__name__)} backend verifies chains only: "
+                          "tree drafts are cut to their main chain", RuntimeWarning, stacklevel=3)
+        self.target, self.drafter, self.params, self.lenience = target, drafter, params, lenience
+        self.max_new_tokens = max_new_tokens
+        self.eos = frozenset(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
+        self.gen = make_generator(seed, generator, target.device)
+        drafter.reset(params, self.gen)
+        if hasattr(drafter, "begin"):  # a drafter that tells the prompt from the output (suffix drafting)
+            drafter.begin(prompt)
+        self.limit = target.max_positions
+        self.context = list(prompt)
+        self.cache = target.new_cache() if cache is None else cache
+        self.emitted = 0
+        self.finished = False
+        self._pending = None  # what prepare() drafted, for complete()
+
+    @property
+    def room(self) -> int:
+        """Draft tokens the next iteration may verify: never past the length limit or the context window
+        (those tokens would be thrown away)."""
+        room = self.max_new_tokens - self.emitted - 1
+        return min(room, self.limit - len(self.context) - 1) if self.limit else room
+
+    def prepare(self, gamma: int | None = None) -> ForwardCall:
+        """Steps 1-3: plan, draft, and the target call that scores the draft. `gamma` overrides the
+        policy's plan (a batch plans every request's draft length together); None asks the policy."""
+        if self.finished:
+            raise RuntimeError("this decoding has finished")
+        # 1. Plan. With speculation off, a policy may ask for a one-token "shadow" proposal, scored
+        #    against the target but not verified, to learn when drafting would pay again. The prefill
+        #    goes alone, without a draft: the prompt's cache entries are then computed exactly as plain
+        #    decoding computes them (a batch-invariant target gives identical logits).
+        policy, drafter, room = self.policy, self.drafter, self.room
+        prefill = len(self.cache) == 0
         if hasattr(policy, "context_length"):  # verification costs more rows of attention as the context grows
-            policy.context_length = len(context)
-        g, shadow = (0, False) if prefill else policy.plan(room)
+            policy.context_length = len(self.context)
+        if prefill:
+            g, shadow = 0, False
+        elif gamma is None:
+            g, shadow = policy.plan(room)
+        else:
+            g = max(0, min(gamma, room))
+            shadow = g == 0 and room > 0 and hasattr(policy, "shadow") and policy.shadow()
 
         # 2. Draft.
         t0 = time.perf_counter()
         # A tree of guesses is drafted to the policy's widest budget, then cut by its cost model. A
         # sampled tree (`drafters.tree`) keeps the size planned before drafting: cutting it by the
         # tokens drawn would bias the output.
-        sized = g and trees and lenience == 1 and getattr(drafter, "proposes_trees", False) and not getattr(
-            drafter, "samples_trees", False) and hasattr(policy, "tree_size")
+        sized = g and gamma is None and self.trees and self.lenience == 1 and getattr(
+            drafter, "proposes_trees", False) and not getattr(drafter, "samples_trees", False) and hasattr(
+            policy, "tree_size")
         budget = max(g, min(policy.max_gamma, room)) if sized else g
-        draft = drafter.propose(context, budget) if g else NO_DRAFT
-        shadow_draft = drafter.propose(context, 1) if shadow else None
+        draft = drafter.propose(self.context, budget) if g else NO_DRAFT
+        shadow_draft = drafter.propose(self.context, 1) if shadow else None
         t1 = time.perf_counter()
-        if draft.parents is not None and (not trees or lenience < 1):  # lenient acceptance is for chains
+        if draft.parents is not None and (not self.trees or self.lenience < 1):  # lenient acceptance is for chains
             draft = draft.chain()
         elif sized and draft.reach is not None:
             draft = draft.prefix(policy.tree_size(draft.reach, room))
             draft = draft if draft.gamma else NO_DRAFT
         if shadow_draft is not None:
             shadow_draft = shadow_draft.chain()
-        g = draft.gamma
 
-        # 3. Score the draft in ONE target call, fed after the context tokens the cache has not seen:
-        #    the newest token (the whole prompt on the first call).
-        if len(cache) >= len(context):
-            raise RuntimeError(f"the target cache holds {len(cache)} positions for a context of {len(context)}: "
-                               "its trim() did not roll back")
-        unseen = torch.tensor([context[len(cache):]])  # [1, u]
+        # 3. The target call: the draft fed after the context tokens the cache has not seen (the
+        #    newest token; the whole prompt on the first call).
+        if len(self.cache) >= len(self.context):
+            raise RuntimeError(f"the target cache holds {len(self.cache)} positions for a context of "
+                               f"{len(self.context)}: its trim() did not roll back")
+        unseen = torch.tensor([self.context[len(self.cache):]])  # [1, u]
         tokens = torch.cat([unseen, draft.tokens], dim=1)
+        parents = None
+        if draft.parents is not None:
+            u = unseen.shape[1]
+            parents = list(range(-1, u - 1)) + [u - 1 if p < 0 else u + p for p in draft.parents]
+        self._pending = (draft, shadow_draft, prefill, t0, t1, unseen.shape[1], len(self.cache))
+        return ForwardCall(tokens, self.cache, num_logits=draft.gamma + 1, parents=parents)
+
+    def complete(self, logits: torch.Tensor, started: float | None = None, rows: int | None = None) -> Step:
+        """Steps 4-6 on the call's logits [1, g+1, V]. `started`: when the (shared) forward began, if
+        not right after prepare(); `rows`: the rows that forward ran (a batch's), for the cost model."""
+        draft, shadow_draft, prefill, t0, t1, u, start = self._pending
+        self._pending = None
+        began = t1 if started is None else started  # the forward's start
+        g, cache, drafter, policy = draft.gamma, self.cache, self.drafter, self.policy
         if draft.parents is None:
-            logits = target.forward(tokens, cache, num_logits=g + 1)  # [1, g+1, V]
             # 4. Speculative sampling: keep n draft tokens, add one corrected or bonus token.
-            new, n, betas = _sample(draft, shadow_draft, logits, params, gen, lenience)
+            new, n, betas = _sample(draft, shadow_draft, logits, self.params, self.gen, self.lenience)
             t2 = time.perf_counter()
             # 5. Roll back: the target cache now holds context + g drafts; keep context + n accepted.
             #    The extra token is the newest context token: it is fed with the next draft. When all g
             #    were accepted nothing is trimmed, and the drafter catches up on its last token itself.
             cache.trim(g - n)
         else:  # a tree: every node scored in one call, then one root-to-node path kept
-            u, start = unseen.shape[1], len(cache)
-            parents = list(range(-1, u - 1)) + [u - 1 if p < 0 else u + p for p in draft.parents]
-            logits = target.forward(tokens, cache, num_logits=g + 1, parents=parents)  # [1, g+1, V]
-            new, path, betas = _walk_tree(draft, logits, params, gen)
+            new, path, betas = _walk_tree(draft, logits, self.params, self.gen)
             t2 = time.perf_counter()
             n = len(path)
             cache.keep(start + u, [start + u + i for i in path])
@@ -175,17 +228,19 @@ def speculative_decode(
                 policy.observe_tree(sum(draft.reach), n)
         drafter.accept(n)
         if not prefill:  # the prefill says nothing about step costs
-            policy.observe(betas, g + 1, t2 - t1, t1 - t0, g or (shadow_draft.gamma if shadow_draft else 0))
+            policy.observe(betas, rows or g + 1, t2 - began, t1 - t0,
+                           g or (shadow_draft.gamma if shadow_draft else 0))
 
         # 6. Stop on EOS, the length limit, or a full context window.
-        new, finish = _finish(new, emitted, max_new_tokens, eos, (limit - len(context)) if limit else None)
-        context.extend(new)
-        emitted += len(new)
-        yield Step(tokens=new, num_accepted=min(n, len(new)), proposed=draft.tokens[0].tolist(), betas=betas,
-                   draft_seconds=t1 - t0, target_seconds=t2 - t1, finish_reason=finish,
-                   tree=draft.parents is not None)
-        if finish:
-            return
+        limit = self.limit
+        new, finish = _finish(new, self.emitted, self.max_new_tokens, self.eos,
+                              (limit - len(self.context)) if limit else None)
+        self.context.extend(new)
+        self.emitted += len(new)
+        self.finished = finish is not None
+        return Step(tokens=new, num_accepted=min(n, len(new)), proposed=draft.tokens[0].tolist(), betas=betas,
+                    draft_seconds=t1 - t0, target_seconds=t2 - began, finish_reason=finish,
+                    tree=draft.parents is not None)
 
 
 def _sample(draft: Draft, shadow: Draft | None, logits: torch.Tensor, params: SamplingParams,

@@ -162,3 +162,40 @@ class AdaptiveGamma:
         if drafted:
             c = draft_seconds / drafted / self.step_seconds
             self.cost_ratio = 0.8 * self.cost_ratio + 0.2 * c
+
+
+def plan_batch(policies: Sequence[GammaPolicy], rooms: Sequence[int], verify_cost) -> list[int | None]:
+    """Every request's draft length for one batched target call (continuous batching), under the
+    cost model of `AdaptiveGamma` taken over the batch's rows: maximise
+
+        sum_i E[tokens](alpha_i, g_i) / (T(R)/T(1) + sum_i g_i c_i),   R = sum_i (g_i + 1),
+
+    E[tokens](alpha, g) = 1 + alpha + ... + alpha^g (the paper's (1 - alpha^(g+1)) / (1 - alpha)),
+    with `verify_cost(R)` = T(R)/T(1) of the target and c_i the request's draft cost ratio (its
+    drafting runs serially). Requests whose policy is not adaptive keep their own plan (None).
+
+    Each extra draft token of request i adds alpha_i^(g_i+1) expected tokens, less for each further
+    one, so the best allocation of any number of extra rows takes the largest such gains first;
+    the best total is then found by walking that order. All zeros (plain batched decoding) is among
+    the candidates: speculation turns off where the batch is already compute-bound."""
+    adaptive = [i for i, p in enumerate(policies) if isinstance(p, AdaptiveGamma)]
+    plan: list[int | None] = [None if i not in adaptive else 0 for i in range(len(policies))]
+    fixed_rows = sum(1 + min(getattr(p, "gamma", 0), r) for p, r in zip(policies, rooms)
+                     if not isinstance(p, AdaptiveGamma))
+    gains = []  # (marginal expected tokens, request, draft cost)
+    for i in adaptive:
+        p = policies[i]
+        for g in range(min(p.max_gamma, rooms[i])):
+            gains.append((p.alpha ** (g + 1), i, p.cost_ratio))
+    gains.sort(key=lambda item: (-item[0], item[2]))
+    rows = fixed_rows + len(adaptive)
+    tokens, drafting = float(len(policies)), 0.0  # a fixed-gamma request counted at its one sure token
+    best, best_k = tokens / (verify_cost(rows) + drafting), 0
+    for k, (gain, _, cost) in enumerate(gains, 1):
+        tokens, drafting, rows = tokens + gain, drafting + cost, rows + 1
+        rate = tokens / (verify_cost(rows) + drafting)
+        if rate > best:
+            best, best_k = rate, k
+    for _, i, _ in gains[:best_k]:
+        plan[i] += 1
+    return plan

@@ -79,43 +79,58 @@ def generate(
             target, drafter, prompt_ids, gamma=gamma, params=params,
             max_new_tokens=max_new_tokens, lenience=lenience, seed=seed,
         )
-    shown = ""  # text handed out so far
-    text = IncrementalText(tokenizer, stats.tokens)
-    start = time.perf_counter()
+    pieces = TextPieces(tokenizer, stop, stats)
     try:
         for step in steps:
-            stats.add(step)
-            stats.wall_seconds = time.perf_counter() - start
-            split = len(stats.tokens) - len(step.tokens) + step.num_accepted  # accepted | target token
-            with_accepted = _stable(text.upto(split), shown)
-            full = text.upto(len(stats.tokens))
-            finish = step.finish_reason
-            cut = _find_stop(full, stop, max(0, len(shown) - max((len(s) for s in stop), default=0)))
-            if cut is not None:
-                full, finish = full[:cut], "stop"
-                with_accepted = with_accepted[:cut]
-            # A partial character is never shown: held back until the next token completes it, and
-            # dropped when the reply ends first. The start of a stop string waits for the next token.
-            full = _stable(full, shown)
-            if not finish:
-                full = full[: max(len(shown), len(full) - _partial_stop(full, stop))]
-            with_accepted = with_accepted[: len(full)]
-            piece = TextStep(
-                step=step,
-                accepted_text=with_accepted[len(shown):],
-                rejected_text=tokenizer.decode(step.rejected, skip_special_tokens=True) if step.rejected else "",
-                target_text=full[max(len(shown), len(with_accepted)):],
-                finish_reason=finish,
-            )
-            shown = full if len(full) > len(shown) else shown
-            text.advance(len(stats.tokens))
-            stats.finish_reason = finish
+            piece = pieces.add(step)
             yield piece
-            if finish:
+            if piece.finish_reason:
                 return
     finally:
-        stats.wall_seconds = time.perf_counter() - start
+        stats.wall_seconds = time.perf_counter() - pieces.start
         steps.close()
+
+
+class TextPieces:
+    """Turns one request's decode steps into text pieces: incremental detokenisation, partial
+    characters held back, stop strings cut. `generate` feeds it from one decode stream; a batch
+    feeds one per request. Fills `stats` as steps arrive."""
+
+    def __init__(self, tokenizer, stop: Sequence[str], stats: Stats) -> None:
+        self.tokenizer, self.stop, self.stats = tokenizer, stop, stats
+        self.shown = ""  # text handed out so far
+        self.text = IncrementalText(tokenizer, stats.tokens)
+        self.start = time.perf_counter()
+
+    def add(self, step: Step) -> TextStep:
+        stats, stop, shown, text = self.stats, self.stop, self.shown, self.text
+        stats.add(step)
+        stats.wall_seconds = time.perf_counter() - self.start
+        split = len(stats.tokens) - len(step.tokens) + step.num_accepted  # accepted | target token
+        with_accepted = _stable(text.upto(split), shown)
+        full = text.upto(len(stats.tokens))
+        finish = step.finish_reason
+        cut = _find_stop(full, stop, max(0, len(shown) - max((len(s) for s in stop), default=0)))
+        if cut is not None:
+            full, finish = full[:cut], "stop"
+            with_accepted = with_accepted[:cut]
+        # A partial character is never shown: held back until the next token completes it, and
+        # dropped when the reply ends first. The start of a stop string waits for the next token.
+        full = _stable(full, shown)
+        if not finish:
+            full = full[: max(len(shown), len(full) - _partial_stop(full, stop))]
+        with_accepted = with_accepted[: len(full)]
+        piece = TextStep(
+            step=step,
+            accepted_text=with_accepted[len(shown):],
+            rejected_text=self.tokenizer.decode(step.rejected, skip_special_tokens=True) if step.rejected else "",
+            target_text=full[max(len(shown), len(with_accepted)):],
+            finish_reason=finish,
+        )
+        self.shown = full if len(full) > len(shown) else shown
+        text.advance(len(stats.tokens))
+        stats.finish_reason = finish
+        return piece
 
 
 class IncrementalText:

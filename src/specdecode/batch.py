@@ -1,0 +1,257 @@
+"""Continuous batching: several requests decoded together, one ragged target forward a step.
+
+Each request is a `decode.Decoding` (its own cache, drafter, gamma policy and random generator)
+and a `text.TextPieces`. A step
+
+1. admits waiting requests into free slots (at most `max_batch` hold a cache at once);
+2. runs one chunk of one waiting prompt's prefill (`PREFILL_CHUNK` tokens where the target can
+   prefill in chunks), so a long prompt never stalls the requests already decoding for long;
+3. plans the draft length of every decoding request together (`gamma.plan_batch`: the cost model
+   of `--gamma auto` over the batch's rows, so speculation shrinks and stops as the batch fills);
+4. runs their target calls in ONE forward (`models.base.forward_batch`), then verifies each.
+
+Requests join and leave between steps. The native backend's kernels are row-invariant: a
+request's logits do not depend on what shares the forward, so greedy output, and seeded sampled
+output at a fixed gamma, are the tokens the request gets alone. With a planned gamma the draws
+fall differently; the output distribution is still exactly the target's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import torch
+
+from .decode import Decoding, _check_request
+from .drafters.base import Drafter
+from .drafters.lookup import PromptLookupDrafter
+from .gamma import AUTO, AdaptiveGamma, GammaPolicy, as_policy, plan_batch
+from .models.base import forward_batch
+from .options import check_lenience, check_stop
+from .sampling import SamplingParams
+from .stats import Stats
+from .text import TextPieces, TextStep
+
+
+@dataclass(eq=False)
+class BatchRequest:
+    """One request in a `Batch`: its settings, its statistics, and how it ended."""
+
+    prompt_ids: list[int]
+    drafter: Drafter | None
+    gamma: int | str | GammaPolicy
+    params: SamplingParams
+    max_new_tokens: int
+    lenience: float
+    seed: int | None
+    stop: tuple[str, ...]
+    id: int = 0
+    stats: Stats = field(default_factory=Stats)
+    text: str = ""  # the text handed out so far
+    finish_reason: str | None = None  # "eos", "length", "stop", "cancelled" or "error"
+    error: str | None = None
+    decoding: Decoding | None = None  # while it holds a slot
+    pieces: TextPieces | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Batch:
+    """Requests decoded together on one target. `submit` queues one; `step` advances the batch by
+    one target forward and returns the text pieces it produced; `run` steps until all are done.
+
+    max_batch: requests holding a KV cache at once (the native backend sizes each to the request's
+    prompt + max_new_tokens); the rest wait, in order.
+    max_gamma: the longest draft a planned ("auto") request gets.
+    """
+
+    def __init__(self, target, max_batch: int = 8, max_gamma: int = 8) -> None:
+        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        self.target = target
+        self.max_batch, self.max_gamma = max_batch, max_gamma
+        self.waiting: list[BatchRequest] = []
+        self.active: list[BatchRequest] = []
+        self._ids = itertools.count()
+        self._auto: AdaptiveGamma | None = None  # the target's measured curve, shared by "auto" requests
+        self._prefilling: dict[int, tuple] = {}  # request id -> (its prefill call, prompt tokens fed so far)
+        self.last_rows = 0  # rows of the last batched forward (for /metrics)
+
+    def submit(self, prompt_ids: Sequence[int], drafter: Drafter | None = None, *, gamma: int | str = AUTO,
+               params: SamplingParams = SamplingParams(), max_new_tokens: int = 128, lenience: float = 1.0,
+               seed: int | None = None, stop: Sequence[str] = ()) -> BatchRequest:
+        """Queue a request (plain decoding when `drafter` is None); bad settings raise ValueError here."""
+        prompt_ids = list(prompt_ids)
+        _check_request(self.target, prompt_ids, max_new_tokens)
+        check_lenience(lenience)
+        if drafter is None:
+            drafter, gamma = PromptLookupDrafter(), 0  # gamma 0: never asked to draft
+        if gamma != AUTO:
+            as_policy(gamma)  # checks it
+        request = BatchRequest(prompt_ids, drafter, gamma, params, max_new_tokens, lenience, seed,
+                               check_stop(stop), id=next(self._ids))
+        self.waiting.append(request)
+        return request
+
+    def cancel(self, request: BatchRequest) -> None:
+        """Stop a request now: its slot (and cache) is freed before the next step."""
+        if not request.finished:
+            self._end(request, "cancelled")
+
+    @property
+    def done(self) -> bool:
+        return not self.waiting and not self.active
+
+    def run(self) -> Iterator[tuple[BatchRequest, TextStep]]:
+        while not self.done:
+            yield from self.step()
+
+    def step(self) -> list[tuple[BatchRequest, TextStep]]:
+        """Admit, one prefill chunk, one batched decode forward: the pieces made, in request order."""
+        out: list[tuple[BatchRequest, TextStep]] = []
+        while self.waiting and len(self.active) < self.max_batch:
+            self._admit(self.waiting.pop(0))
+        prefilling = next((r for r in self.active if r.id in self._prefilling or len(r.decoding.cache) == 0), None)
+        if prefilling is not None:
+            self._prefill_chunk(prefilling, out)
+        decoding = [r for r in self.active
+                    if r is not prefilling and r.id not in self._prefilling and len(r.decoding.cache) > 0]
+        if decoding:
+            self._decode(decoding, out)
+        return out
+
+    # -- the parts of a step --
+
+    def _policy(self, gamma):
+        if gamma != AUTO:
+            return gamma
+        if self._auto is None:
+            self._auto = as_policy(AUTO, self.target, self.max_gamma)
+        auto = self._auto
+        return AdaptiveGamma(auto.verify_ratios, max_gamma=self.max_gamma, profile_context=auto.profile_context,
+                             position_cost=auto.position_cost)
+
+    def _admit(self, r: BatchRequest) -> None:
+        try:
+            positions = len(r.prompt_ids) + r.max_new_tokens
+            cache = (self.target.new_cache(positions=min(positions, self.target.max_positions))
+                     if getattr(self.target, "backend", None) == "native" else None)
+            r.decoding = Decoding(self.target, r.drafter, r.prompt_ids, gamma=self._policy(r.gamma), params=r.params,
+                                  max_new_tokens=r.max_new_tokens, lenience=r.lenience, seed=r.seed, cache=cache)
+        except Exception as err:  # noqa: BLE001  (a request that cannot start fails alone)
+            r.error, r.finish_reason = f"{type(err).__name__}: {err}", "error"
+            return
+        r.pieces = TextPieces(self.target.tokenizer, r.stop, r.stats)
+        self.active.append(r)
+
+    def _prefill_chunk(self, r: BatchRequest, out: list) -> None:
+        """One chunk of r's prompt (all of it where the target cannot prefill in chunks); the last one
+        also draws r's first token."""
+        d, target = r.decoding, self.target
+        try:
+            if r.id not in self._prefilling:
+                self._prefilling[r.id] = (d.prepare(), 0)  # the prefill call: the whole prompt, no draft
+            call, done = self._prefilling[r.id]
+            chunk = getattr(target, "PREFILL_CHUNK", None)
+            started = time.perf_counter()
+            if chunk is None or (done == 0 and call.tokens.shape[1] <= chunk):
+                logits = target.forward(call.tokens, d.cache, num_logits=1)
+            else:  # the prefill numerics for every chunk, as one call over the whole prompt computes them
+                logits = target.forward(call.tokens[:, done : done + chunk], d.cache, num_logits=1, prefill=True)
+                done += chunk
+                if done < call.tokens.shape[1]:
+                    self._prefilling[r.id] = (call, done)
+                    return
+            del self._prefilling[r.id]
+            self._add(r, d.complete(logits, started=started), out)
+        except Exception as err:  # noqa: BLE001
+            self._fail(r, err)
+
+    def _decode(self, requests: list[BatchRequest], out: list) -> None:
+        """Plan, draft, one forward over every request's rows, verify."""
+        gammas: list[int | None] = [None] * len(requests)
+        if len(requests) > 1:  # alone, a request plans as it does outside a batch
+            policies = [r.decoding.policy for r in requests]
+            auto = next((p for p in policies if isinstance(p, AdaptiveGamma)), None)
+            if auto is not None:
+                auto.context_length = sum(len(r.decoding.context) for r in requests) // len(requests)
+                gammas = plan_batch(policies, [r.decoding.room for r in requests], auto.verify_cost)
+        calls, ready = [], []
+        for r, g in zip(requests, gammas):
+            try:
+                calls.append(r.decoding.prepare(g))
+                ready.append(r)
+            except Exception as err:  # noqa: BLE001
+                self._fail(r, err)
+        if not calls:
+            return
+        rows = sum(c.tokens.shape[1] for c in calls)
+        self.last_rows = rows
+        started = time.perf_counter()
+        try:
+            logits = forward_batch(self.target, calls)
+        except Exception as err:  # noqa: BLE001  (the forward failed for all of them)
+            for r in ready:
+                self._fail(r, err)
+            return
+        for r, row_logits in zip(ready, logits):
+            try:
+                self._add(r, r.decoding.complete(row_logits, started=started, rows=rows), out)
+            except Exception as err:  # noqa: BLE001
+                self._fail(r, err)
+
+    def _add(self, r: BatchRequest, step, out: list) -> None:
+        piece = r.pieces.add(step)
+        r.text += piece.accepted_text + piece.target_text
+        out.append((r, piece))
+        if piece.finish_reason:
+            self._end(r, piece.finish_reason)
+
+    def _fail(self, r: BatchRequest, err: Exception) -> None:
+        r.error = f"{type(err).__name__}: {err}"
+        self._end(r, "error")
+
+    def _end(self, r: BatchRequest, reason: str) -> None:
+        r.finish_reason = r.stats.finish_reason = reason
+        if r in self.waiting:
+            self.waiting.remove(r)
+        if r in self.active:
+            self.active.remove(r)
+        self._prefilling.pop(r.id, None)
+        r.decoding = None  # frees its cache
+
+
+def generate_batch(target, prompts: Sequence[Sequence[int]], drafter=None, *, max_batch: int = 8,
+                   **settings) -> list[BatchRequest]:
+    """Decode several prompts together (continuous batching on one target) and return their requests
+    (`.text`, `.stats`, `.finish_reason`), in prompt order.
+
+    `drafter`: None (plain decoding), one callable making a fresh drafter per prompt, or a list of
+    drafters (or None), one per prompt. `settings`: `Batch.submit`'s keywords, each either one value
+    for all prompts or a list with one per prompt (e.g. seed=[1, 2, 3]).
+    """
+    n = len(prompts)
+    per = {}
+    for key, value in settings.items():
+        if isinstance(value, list):
+            if len(value) != n:
+                raise ValueError(f"{key} has {len(value)} values for {n} prompts")
+            per[key] = value
+        else:
+            per[key] = [value] * n
+    if isinstance(drafter, list):
+        if len(drafter) != n:
+            raise ValueError(f"{len(drafter)} drafters for {n} prompts")
+        drafters = drafter
+    else:
+        drafters = [drafter() if callable(drafter) else drafter for _ in range(n)]
+    batch = Batch(target, max_batch=max_batch)
+    requests = [batch.submit(p, drafters[i], **{k: v[i] for k, v in per.items()}) for i, p in enumerate(prompts)]
+    for _ in batch.run():
+        pass
+    return requests
