@@ -53,7 +53,7 @@ def _stop(process) -> None:
 
 @pytest.fixture(scope="module")
 def server():
-    base, process = _start_server("--model-name", MODEL, "--max-queue", "2", "--max-tokens", "64",
+    base, process = _start_server("--model-name", MODEL, "--max-batch", "2", "--max-queue", "2", "--max-tokens", "64",
                                   "--also-draft", "trained", "--max-body-bytes", "200000")
     yield base, process
     _stop(process)
@@ -129,6 +129,42 @@ def test_extension_fields_pick_draft_gamma_and_lenience(client):
                                            temperature=0.8, top_p=0.9, seed=3, max_tokens=12,
                                            extra_body={"specdecode": {"top_k": 20, "lenience": 0.9}})
     assert sampled.choices[0].message.content == again.choices[0].message.content  # seeded
+
+
+def test_requests_batched_together_get_the_text_each_gets_alone(server, client):
+    """Four requests at once on a batch of two with two places in the queue (different prompts and
+    settings; one streams, one leaves early): each reply equals the same request sent alone, and
+    /metrics saw batched forwards."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    asks = [dict(content=QUESTION, temperature=0),
+            dict(content="Name three colours of the rainbow.", temperature=0,
+                 extra_body={"specdecode": {"draft": "trained", "gamma": 3}}),
+            dict(content="Count from one to ten in words.", temperature=0.8, seed=5,
+                 extra_body={"specdecode": {"gamma": 2}})]
+
+    def ask(a, stream=False):
+        a = dict(a)
+        messages = [{"role": "user", "content": a.pop("content")}]
+        if not stream:
+            return client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, **a
+                                                  ).choices[0].message.content
+        return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=24, stream=True, **a) if c.choices)
+
+    alone = [ask(a) for a in asks]
+    before = _metrics(server[0]).get("specdecode_batch_size_sum", 0.0)
+    with ThreadPoolExecutor(5) as pool:
+        leaving = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
+                                                 max_tokens=64, stream=True)
+        next(iter(leaving))
+        together = [pool.submit(ask, a, i == 1) for i, a in enumerate(asks)]
+        leaving.close()
+        assert [f.result() for f in together] == alone
+    values = _metrics(server[0])
+    assert values["specdecode_batch_size_sum"] > before
+    assert values["specdecode_batch_rows_sum"] >= values["specdecode_batch_size_sum"]
+    assert values['specdecode_batch_size_bucket{le="2.0"}'] == values["specdecode_batch_size_count"]  # --max-batch 2
 
 
 BAD = [
@@ -207,9 +243,9 @@ def test_models_health_and_metrics(server, client):
 
 
 def test_a_full_queue_answers_429_and_a_client_that_leaves_frees_its_slot(server, client):
-    # One runs, two wait (--max-queue 2): the fourth is refused with Retry-After.
+    # Two decode (--max-batch 2), two wait (--max-queue 2): the fifth is refused with Retry-After.
     streams = [client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
-                                              temperature=0, max_tokens=64, stream=True) for _ in range(3)]
+                                              temperature=0, max_tokens=64, stream=True) for _ in range(4)]
     with pytest.raises(openai.RateLimitError) as refused:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=4)
     assert int(refused.value.response.headers["retry-after"]) >= 1
@@ -239,7 +275,7 @@ def test_small_load_keeps_every_response_its_own_and_the_server_up(server):
     summary = report.summary()
     assert summary["failures"] == 0, summary
     assert summary["disconnected"] >= 1 and summary["completed"] + summary["disconnected"] == 24
-    assert report.max_in_flight <= 3  # --max-queue 2 plus the running one
+    assert report.max_in_flight <= 4  # --max-queue 2 plus the batch of 2
     assert process.poll() is None
 
 
@@ -423,7 +459,7 @@ KEY = "s3cret-key"
 @pytest.fixture(scope="module")
 def guarded():
     """A second server: the key from the environment, two model names, one request may wait."""
-    base, process = _start_server("--model-name", MODEL, "--model-name", "alias", "--max-queue", "1",
+    base, process = _start_server("--model-name", MODEL, "--model-name", "alias", "--max-batch", "1", "--max-queue", "1",
                                   "--max-tokens", "64", env={**os.environ, "SPECDECODE_API_KEY": KEY})
     yield base
     _stop(process)

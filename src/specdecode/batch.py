@@ -55,6 +55,7 @@ class BatchRequest:
     error: str | None = None
     decoding: Decoding | None = None  # while it holds a slot
     pieces: TextPieces | None = None
+    started: float = 0.0  # when it was submitted (perf_counter)
 
     @property
     def finished(self) -> bool:
@@ -80,12 +81,13 @@ class Batch:
         self._ids = itertools.count()
         self._auto: AdaptiveGamma | None = None  # the target's measured curve, shared by "auto" requests
         self._prefilling: dict[int, tuple] = {}  # request id -> (its prefill call, prompt tokens fed so far)
-        self.last_rows = 0  # rows of the last batched forward (for /metrics)
+        self.last_forward: tuple[int, int] | None = None  # the last step's decode forward: (requests, rows)
 
     def submit(self, prompt_ids: Sequence[int], drafter: Drafter | None = None, *, gamma: int | str = AUTO,
                params: SamplingParams = SamplingParams(), max_new_tokens: int = 128, lenience: float = 1.0,
-               seed: int | None = None, stop: Sequence[str] = ()) -> BatchRequest:
-        """Queue a request (plain decoding when `drafter` is None); bad settings raise ValueError here."""
+               seed: int | None = None, stop: Sequence[str] = (), stats: Stats | None = None) -> BatchRequest:
+        """Queue a request (plain decoding when `drafter` is None); bad settings raise ValueError here.
+        `stats`: filled in as the request decodes (a fresh one by default)."""
         prompt_ids = list(prompt_ids)
         _check_request(self.target, prompt_ids, max_new_tokens)
         check_lenience(lenience)
@@ -94,7 +96,8 @@ class Batch:
         if gamma != AUTO:
             as_policy(gamma)  # checks it
         request = BatchRequest(prompt_ids, drafter, gamma, params, max_new_tokens, lenience, seed,
-                               check_stop(stop), id=next(self._ids))
+                               check_stop(stop), id=next(self._ids), stats=Stats() if stats is None else stats)
+        request.started = time.perf_counter()
         self.waiting.append(request)
         return request
 
@@ -114,6 +117,7 @@ class Batch:
     def step(self) -> list[tuple[BatchRequest, TextStep]]:
         """Admit, one prefill chunk, one batched decode forward: the pieces made, in request order."""
         out: list[tuple[BatchRequest, TextStep]] = []
+        self.last_forward = None
         while self.waiting and len(self.active) < self.max_batch:
             self._admit(self.waiting.pop(0))
         prefilling = next((r for r in self.active if r.id in self._prefilling or len(r.decoding.cache) == 0), None)
@@ -191,7 +195,7 @@ class Batch:
         if not calls:
             return
         rows = sum(c.tokens.shape[1] for c in calls)
-        self.last_rows = rows
+        self.last_forward = (len(calls), rows)
         started = time.perf_counter()
         try:
             logits = forward_batch(self.target, calls)

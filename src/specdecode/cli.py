@@ -160,7 +160,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-name", action="append", default=None, metavar="NAME",
                        help="the model id clients send (default: the target's file name); repeat for aliases, "
                             "the first is the one responses carry")
-    serve.add_argument("--max-queue", type=int, default=16, help="requests that may wait behind the running one (default 16)")
+    serve.add_argument("--max-batch", type=int, default=8,
+                       help="requests decoded together, each with its own KV cache sized to its prompt + max_tokens "
+                            "(default 8; 1 serves one at a time)")
+    serve.add_argument("--max-queue", type=int, default=16,
+                       help="requests that may wait behind a full batch (default 16); past them, 429")
     serve.add_argument("--max-tokens", type=int, default=1024,
                        help="largest max_tokens a request may ask for (default 1024); a request without max_tokens "
                             "gets min(256, this), capped at the room its prompt leaves in the context window")
@@ -607,7 +611,7 @@ def cmd_serve(args, app_only: bool = False) -> int:
 
     if args.gamma != "auto":
         check_gamma(args.gamma, "--gamma")
-    for name in ("max_gamma", "max_tokens", "max_body_bytes"):
+    for name in ("max_gamma", "max_tokens", "max_body_bytes", "max_batch"):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
     check_queue_size("--max-queue", args.max_queue)
     if not 0 < args.port < 65536:
@@ -631,7 +635,7 @@ def cmd_serve(args, app_only: bool = False) -> int:
         raise ValueError("--replicas, --min-replicas, --max-replicas and --address need --ray")
     target = _load_target(args)
     engine = Engine(target, drafts, args.draft, gamma=args.gamma, max_gamma=args.max_gamma, max_queue=args.max_queue,
-                    backend=args.draft_backend or _draft_backend(args), dtype=args.dtype, device=args.device,
+                    max_batch=args.max_batch, backend=args.draft_backend or _draft_backend(args), dtype=args.dtype, device=args.device,
                     threads=args.threads)
     name, *aliases = args.model_name or [Path(target.name).name.removesuffix(".gguf")]
     app = create_app(engine, name, Limits(max_tokens=args.max_tokens, default_max_tokens=min(256, args.max_tokens),

@@ -140,7 +140,7 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
         metrics.finished(len(job.prompt_ids), job.stats, time.perf_counter() - job.submitted,
                          job.first_token_seconds)
 
-    engine.on_finish = finished
+    engine.on_finish, engine.on_step = finished, metrics.step
     app.state.engine, app.state.metrics = engine, metrics
 
     @app.exception_handler(RequestError)

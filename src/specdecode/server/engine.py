@@ -1,10 +1,11 @@
-"""The serving engine: one loaded target, its drafters, and one worker thread that runs one
-generation at a time (a model's KV cache never serves two requests at once).
+"""The serving engine: one loaded target, its drafters, and one worker thread that decodes up to
+`max_batch` requests together (continuous batching, `specdecode.batch`): requests join and leave
+between target forwards, each with its own KV cache, and get the tokens they would get alone.
 
-Requests wait in a bounded queue; past `max_queue` waiting, `submit` refuses with a 429 that says
-when to retry. Each job streams its text pieces back to the event loop that submitted it; a job
-whose client went away is cancelled: the worker stops it at the next target call (or skips it if
-it had not started) and takes the next one.
+Requests beyond the batch wait in a bounded queue; past `max_queue` waiting, `submit` refuses with
+a 429 that says when to retry. Each job streams its text pieces back to the event loop that
+submitted it; a job whose client went away is cancelled: the worker frees its slot before the
+next forward (or drops it if it had not started).
 """
 
 from __future__ import annotations
@@ -17,12 +18,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..batch import Batch, BatchRequest
 from ..drafters.spec import SUFFIX, DraftSpec, load_draft_model, make_drafter
 from ..drafters.suffix import SuffixCache
-from ..gamma import AdaptiveGamma, as_policy
 from ..options import check_queue_size
 from ..stats import Stats
-from ..text import generate
 from .request import Request, RequestError
 
 
@@ -43,20 +43,25 @@ class Job:
 
 class Engine:
     """target: a loaded model; drafts: drafter name -> spec (loaded once, here); gamma: the default
-    draft length or "auto"; max_queue: requests that may wait behind the running one."""
+    draft length or "auto" (planned over the batch); max_batch: requests decoded together;
+    max_queue: requests that may wait behind them. on_finish(job) after each request; on_step(requests,
+    rows) after each batched decode forward."""
 
     def __init__(self, target, drafts: dict[str, str], default_draft: str, gamma: int | str = "auto",
-                 max_gamma: int = 8, max_queue: int = 16, on_finish: Callable[[Job], None] | None = None,
-                 **load_options) -> None:
+                 max_gamma: int = 8, max_queue: int = 16, max_batch: int = 8,
+                 on_finish: Callable[[Job], None] | None = None,
+                 on_step: Callable[[int, int], None] | None = None, **load_options) -> None:
         if default_draft not in drafts:
             raise ValueError(f"the default draft {default_draft!r} is not among the loaded ones: {', '.join(drafts)}")
         check_queue_size("max_queue", max_queue)
+        self._batch = Batch(target, max_batch=max_batch, max_gamma=max_gamma)  # checks max_batch
         self.target = target
+        self.max_batch = max_batch
         self.default_draft = default_draft
         self.gamma = gamma
         self.max_gamma = max_gamma
         self.max_queue = max_queue
-        self.on_finish = on_finish
+        self.on_finish, self.on_step = on_finish, on_step
         self._factories = {}
         for name, spec in drafts.items():  # draft models load now, once; drafters are made per request
             spec = DraftSpec(spec)
@@ -67,11 +72,10 @@ class Engine:
                 cache = SuffixCache()
             self._factories[name] = (lambda spec=spec, model=model, cache=cache:
                                      make_drafter(spec, target, draft_model=model, suffix_cache=cache))
-        self._auto = None  # the "auto" policy measured for this target, the template of every request's
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
-        self._admitted = 0  # waiting + running
-        self._service_seconds = 1.0  # running mean of one generation's run time (not its wait), for Retry-After
+        self._admitted = 0  # waiting + decoding
+        self._service_seconds = 1.0  # running mean of one request's decoding time (not its wait), for Retry-After
         self._worker = threading.Thread(target=self._run, name="specdecode-engine", daemon=True)
         self._worker.start()
 
@@ -89,12 +93,13 @@ class Engine:
                                "specdecode.draft", "invalid_value")
 
     def submit(self, job: Job) -> None:
-        """Queue a job, or refuse with 429 when `max_queue` jobs already wait."""
+        """Queue a job, or refuse with 429 when `max_queue` jobs already wait behind a full batch."""
         self.check_draft(job.request.draft)
         with self._lock:
-            if self._admitted >= self.max_queue + 1:
-                retry = max(1, math.ceil(self._service_seconds * self._admitted))  # until the queue drains
-                waiting = self._admitted - 1
+            if self._admitted >= self.max_queue + self.max_batch:
+                waiting = self._admitted - self.max_batch
+                # until the queue drains: max_batch requests at a time, each about one service time
+                retry = max(1, math.ceil(self._service_seconds * (waiting + 1) / self.max_batch))
                 waits = "1 request is waiting" if waiting == 1 else f"{waiting} requests are waiting"
                 raise RequestError(429, f"the server is busy: {waits} (at most {self.max_queue}); "
                                         f"retry in about {retry} s",
@@ -106,46 +111,55 @@ class Engine:
         self._queue.put(None)
         self._worker.join(timeout=30)
 
-    def _policy(self, gamma):
-        """A request's gamma as a policy: 'auto' measures the target once (then cached on disk)."""
-        if gamma != "auto":
-            return gamma
-        if self._auto is None:
-            self._auto = as_policy(gamma, self.target, self.max_gamma)
-        return AdaptiveGamma(self._auto.verify_ratios, max_gamma=self.max_gamma)
-
     def _run(self) -> None:
-        while (job := self._queue.get()) is not None:
-            start = time.perf_counter()
-            ran = not job.cancelled.is_set()
-            try:
-                if ran:
-                    self._generate(job)
-            except Exception as err:  # a failed generation fails its request, never the worker
-                job.emit("error", f"generation failed: {type(err).__name__}: {err}")
-            finally:
-                with self._lock:
-                    self._admitted -= 1
-                    if ran:
-                        self._service_seconds = 0.8 * self._service_seconds + 0.2 * (time.perf_counter() - start)
-                if self.on_finish:
-                    self.on_finish(job)
-
-    def _generate(self, job: Job) -> None:
-        request = job.request
-        drafter = self._factories[request.draft or self.default_draft]()
-        gamma = self._policy(self.gamma if request.gamma is None else request.gamma)
-        stream = generate(self.target, job.prompt_ids, drafter, gamma=gamma, params=request.params,
-                          max_new_tokens=request.max_tokens, lenience=request.lenience, seed=request.seed,
-                          stop=request.stop, stats=job.stats)
-        try:
-            for piece in stream:
+        batch, jobs = self._batch, {}  # BatchRequest -> Job
+        while True:
+            try:  # new jobs join between forwards; with nothing to do, wait for one
+                while True:
+                    job = self._queue.get(block=batch.done)
+                    if job is None:
+                        return
+                    self._start(job, jobs)
+            except queue.Empty:
+                pass
+            for r, job in jobs.items():
+                if job.cancelled.is_set():
+                    batch.cancel(r)
+            for r, piece in batch.step():
+                job = jobs[r]
                 if job.first_token_seconds is None:
                     job.first_token_seconds = time.perf_counter() - job.submitted
                 job.emit("piece", piece)
-                if job.cancelled.is_set():
-                    job.stats.finish_reason = "cancelled"
-                    break
-        finally:
-            stream.close()
-        job.emit("done", job.stats)
+            if batch.last_forward and self.on_step:
+                self.on_step(*batch.last_forward)
+            for r in [r for r in jobs if r.finished]:
+                self._end(r, jobs.pop(r))
+
+    def _start(self, job: Job, jobs: dict) -> None:
+        request = job.request
+        if job.cancelled.is_set():  # the client left while it waited
+            job.stats.finish_reason = "cancelled"
+            self._end(None, job)
+            return
+        try:
+            drafter = self._factories[request.draft or self.default_draft]()
+            r = self._batch.submit(job.prompt_ids, drafter, gamma=self.gamma if request.gamma is None else request.gamma,
+                                   params=request.params, max_new_tokens=request.max_tokens, lenience=request.lenience,
+                                   seed=request.seed, stop=request.stop, stats=job.stats)
+        except Exception as err:  # a request that cannot start fails alone
+            job.emit("error", f"generation failed: {type(err).__name__}: {err}")
+            self._end(None, job)
+            return
+        jobs[r] = job
+
+    def _end(self, r: BatchRequest | None, job: Job) -> None:
+        if r is not None and r.finish_reason == "error":
+            job.emit("error", f"generation failed: {r.error}")
+        elif r is not None:
+            job.emit("done", job.stats)
+        with self._lock:
+            self._admitted -= 1
+            if r is not None and r.finish_reason != "cancelled":
+                self._service_seconds = 0.8 * self._service_seconds + 0.2 * (time.perf_counter() - r.started)
+        if self.on_finish:
+            self.on_finish(job)

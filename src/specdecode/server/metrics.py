@@ -13,6 +13,7 @@ from ..stats import Stats
 PREFIX = "specdecode"
 disable_created_metrics()  # no *_created series beside every counter
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 RATE_BUCKETS = (1, 2, 5, 10, 20, 40, 60, 80, 100, 150, 200, 300, 500)
 UNMATCHED = "unmatched"  # the endpoint label of every URL no route serves: one series, however many URLs
 CLIENT_LEFT = 499  # the status label of a response the client walked away from (nginx's code)
@@ -46,6 +47,10 @@ class Metrics:
         self.tokens_per_second = Histogram(f"{PREFIX}_request_tokens_per_second",
                                            "generated tokens / generation time, per request",
                                            buckets=RATE_BUCKETS, registry=r)
+        self.batch_size = Histogram(f"{PREFIX}_batch_size", "requests sharing each batched decode forward",
+                                    buckets=BATCH_BUCKETS, registry=r)
+        self.batch_rows = Histogram(f"{PREFIX}_batch_rows", "rows (tokens) of each batched decode forward, drafts included",
+                                    buckets=BATCH_BUCKETS, registry=r)
         self.queue = Gauge(f"{PREFIX}_requests_in_flight", "generation requests waiting or running", registry=r)
         self.queue.set_function(in_flight)
 
@@ -64,6 +69,11 @@ class Metrics:
             self.ttft.observe(ttft)
         if stats.new_tokens and stats.wall_seconds > 0:
             self.tokens_per_second.observe(stats.tokens_per_second)
+
+    def step(self, requests: int, rows: int) -> None:
+        """One batched decode forward: how many requests shared it, over how many rows."""
+        self.batch_size.observe(requests)
+        self.batch_rows.observe(rows)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -308,7 +308,8 @@ def check_options(args: argparse.Namespace) -> None:
 def replica_options(args: argparse.Namespace) -> dict:
     """The Replica deployment's options: a fixed count, or autoscaling bounds; one CPU per thread."""
     threads = args.threads or 1
-    options = dict(ray_actor_options={"num_cpus": threads}, max_ongoing_requests=args.max_queue + 1 + SPARE_CALLS,
+    options = dict(ray_actor_options={"num_cpus": threads},
+                   max_ongoing_requests=args.max_queue + args.max_batch + SPARE_CALLS,
                    request_router_config=RequestRouterConfig(request_router_class=ConversationRouter))
     if args.min_replicas is None and args.max_replicas is None:
         options["num_replicas"] = args.replicas or 1
