@@ -8,9 +8,11 @@ from ..base import check_trim
 
 
 class NativeCache:
-    """Preallocated keys and values; the first `length` positions are valid."""
+    """Preallocated keys and values for `positions` positions (its capacity, at most the model's
+    context); the first `length` are valid."""
 
     def __init__(self, layers: int, kv_heads: int, positions: int, head_dim: int, dtype: torch.dtype) -> None:
+        self.positions = positions
         # never read before written: positions past `length` are not attended to
         self.k = torch.empty(layers, kv_heads, positions, head_dim, dtype=dtype)
         self.v = torch.empty(layers, kv_heads, positions, head_dim, dtype=dtype)
@@ -19,6 +21,11 @@ class NativeCache:
 
     def __len__(self) -> int:
         return self.length
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes its keys and values take (allocated whole, whatever `length` is)."""
+        return self.k.nbytes + self.v.nbytes
 
     def trim(self, n: int) -> None:
         check_trim(n, self.length)

@@ -14,11 +14,14 @@ at a time in a fixed order; `plan.py` decides which build of it runs (AVX-512, A
 and builds it once per machine. With 4-bit products and float32 activations (the AVX2 and
 portable paths) a decode forward's layers run in one call, `layers_q4f`, the same kernels in the
 same order: the ~9 calls and output tensors a layer costs from Python were 2.1 ms of an 8.6 ms
-step on a 2-core AVX2 EPYC. `TorchKernels` is the same interface in PyTorch ops, used where
-the plan has no C library: exact too, only slower.
+step on a 2-core AVX2 EPYC. It takes the rows of several requests at once (ragged `Segment`s,
+each with its own cache): the products read the weights once for all of them. `TorchKernels` is
+the same interface in PyTorch ops, used where the plan has no C library: exact too, only slower.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -205,21 +208,40 @@ class CKernels(TorchKernels):
         self._f32_matmul(x.data_ptr(), w.data_ptr(), y.data_ptr(), T, K, blocks * 16, torch.get_num_threads())
         return y
 
-    def layers_q4f(self, x: torch.Tensor, weights: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
-                   sin: torch.Tensor, p0: int, hidden: int, eps: float, int8_activations: bool,
-                   parents: torch.Tensor | None = None) -> torch.Tensor:
+    def layers_q4f(self, x: torch.Tensor, weights: torch.Tensor, segments: Sequence[Segment], cos: torch.Tensor,
+                   sin: torch.Tensor, hidden: int, eps: float, int8_activations: bool) -> torch.Tensor:
         """Every layer of a decode forward in one call (4-bit products, float32 residual stream, the
-        products' inputs quantised to 8 bits where `int8_activations`): x [T, D]
-        float32 (updated in place and returned); weights [layers, 10] int64, the pointers kernels.c's
-        layers_q4f names; k, v the whole cache [layers, Hkv, P, hd]; cos/sin [T, hd] of positions p0..."""
+        products' inputs quantised to 8 bits where `int8_activations`): x [T, D] float32, the rows of
+        `segments` in turn (one request each, with its own cache; one segment for a single forward),
+        updated in place and returned; weights [layers, 10] int64, the pointers kernels.c's layers_q4f
+        names; cos/sin [T, hd] of the rows' positions. The products run once over all T rows, RoPE and
+        the cache writes and the attention per segment over its own cache."""
         T, D = x.shape
+        if sum(s.rows for s in segments) != T:
+            raise ValueError(f"the segments hold {sum(s.rows for s in segments)} rows, x {T}")
+        table = torch.tensor([[s.rows, s.k.data_ptr(), s.v.data_ptr(), s.k.shape[2], s.first,
+                               _pointer(s.parents) or 0] for s in segments], dtype=torch.int64)
+        for s in segments:
+            assert s.k.dtype == s.v.dtype == torch.float32 and s.k.is_contiguous() and s.v.is_contiguous()
+            assert s.k.shape == s.v.shape and s.first + s.rows <= s.k.shape[2]
         cos, sin = cos.contiguous(), sin.contiguous()
-        if self._layers_q4f(x.data_ptr(), T, weights.data_ptr(), weights.shape[0], k.data_ptr(), v.data_ptr(),
-                            k.stride(0), k.stride(1), cos.data_ptr(), sin.data_ptr(), p0, D, self.heads,
-                            self.kv_heads, self.head_dim, hidden, eps, self.scale, int(int8_activations),
-                            _pointer(parents), torch.get_num_threads()):
+        if self._layers_q4f(x.data_ptr(), T, weights.data_ptr(), weights.shape[0], table.data_ptr(), len(segments),
+                            cos.data_ptr(), sin.data_ptr(), D, self.heads, self.kv_heads, self.head_dim, hidden, eps,
+                            self.scale, int(int8_activations), torch.get_num_threads()):
             raise MemoryError("decode layers: no memory for the activations")
         return x
+
+
+class Segment(NamedTuple):
+    """One request's rows in a ragged forward (see `CKernels.layers_q4f`): `rows` consecutive rows,
+    written into the cache `k`, `v` ([layers, Hkv, P, hd], P its own capacity) at slots first..; a
+    chain, or a draft tree given `parents` (int32 [rows], see `attend`)."""
+
+    rows: int
+    k: torch.Tensor
+    v: torch.Tensor
+    first: int
+    parents: torch.Tensor | None = None
 
 
 def _pointer(parents: torch.Tensor | None) -> int | None:

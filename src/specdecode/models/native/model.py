@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from ..base import Vocabulary, eos_ids
+from ..base import ForwardCall, Vocabulary, eos_ids
 from .cache import NativeCache
-from .kernels import CKernels, make_kernels
+from .kernels import CKernels, Segment, make_kernels
 from .linear import Int4Linear, Linear, Q8Linear, bf16_supported, dense
 from .plan import kernel_plan
 
@@ -24,8 +24,18 @@ def activation_dtype() -> torch.dtype:
     return torch.bfloat16 if bf16_supported() and (lib is None or lib.q4_available()) else torch.float32
 
 
+class _Segment(NamedTuple):
+    """One request's rows in a forward: `rows` new positions in `cache` (from its length on), a
+    chain, or a draft tree given `parents` (int32)."""
+
+    cache: NativeCache
+    rows: int
+    parents: torch.Tensor | None = None
+
+
 class NativeLlama:
-    """A Llama-family causal LM behind the model protocol (batch size 1)."""
+    """A Llama-family causal LM behind the model protocol (batch size 1 a request; several requests'
+    decode calls in one ragged forward with `forward_batch`)."""
 
     backend = "native"
     supports_trees = True  # forward(..., parents=...) verifies a draft tree in one call
@@ -166,36 +176,108 @@ class NativeLlama:
             linears.append(layer)
         return linears
 
-    def new_cache(self) -> NativeCache:
-        return NativeCache(self.layers, self.kv_heads, self.max_positions, self.head_dim, self.compute_dtype)
+    def new_cache(self, positions: int | None = None) -> NativeCache:
+        """A cache for `positions` positions (None: the whole context, max_positions): a server sizes
+        each request's to its prompt and max_tokens (SmolLM2 in float32: ~46 KB a position)."""
+        positions = self.max_positions if positions is None else int(positions)
+        if not 1 <= positions <= self.max_positions:
+            raise ValueError(f"a cache holds 1 to {self.max_positions} positions (the context), not {positions}")
+        return NativeCache(self.layers, self.kv_heads, positions, self.head_dim, self.compute_dtype)
+
+    def _room(self, cache: NativeCache, T: int, call: str = "") -> None:
+        """Refuse `T` new positions that do not fit `cache` (its own capacity, at most the context)."""
+        if cache.length + T > cache.positions:
+            room = (f"the context of {self.max_positions}" if cache.positions == self.max_positions
+                    else f"the cache's {cache.positions} positions")
+            raise ValueError(f"{call}{cache.length} cached + {T} new positions exceed {room}")
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: NativeCache, num_logits: int | None = None,
-                parents: Sequence[int] | None = None) -> torch.Tensor:
+                parents: Sequence[int] | None = None, prefill: bool | None = None) -> torch.Tensor:
         """tokens [1, T] -> logits [1, num_logits or T, V] float32; appends T positions.
 
         `parents` makes the tokens a tree (a draft tree, verified in one call): token t follows token
         parents[t] (< t), or the cache's last position where -1; each token is computed exactly as at
         the end of the chain of its ancestors (bit for bit), in cache slot length + t at position
-        length + its depth. Keep a root-to-node path with `cache.keep`."""
+        length + its depth. Keep a root-to-node path with `cache.keep`.
+
+        `prefill`: compute the tokens as a prompt's (the prefill products, all of a chunk's queries at
+        once, in chunks of PREFILL_CHUNK) or as decode steps (each row alone, whatever shares the
+        call); None: as a prompt where the cache is empty. A prompt fed in pieces cut at multiples of
+        PREFILL_CHUNK with prefill=True (between other requests' steps) leaves the cache and the last
+        logits bit-identical to one call over the whole prompt."""
         if tokens.dim() != 2 or tokens.shape[0] != 1:
             raise ValueError(f"the native backend runs batch size 1, got tokens of shape {tuple(tokens.shape)}")
         T = tokens.shape[1]
-        if cache.length + T > self.max_positions:
-            raise ValueError(f"{cache.length} cached + {T} new positions exceed the context of {self.max_positions}")
+        self._room(cache, T)
         k = min(num_logits or T, T)
         ids = tokens[0]
-        prefill = cache.length == 0
         if parents is not None:
-            return self.head(self.kernels.rms_norm(self._layers(ids, cache, False, self._tree(parents, T, cache)),
-                                                   self.norm, self.eps)[T - k:]).float().unsqueeze(0)
+            if prefill:
+                raise ValueError("a draft tree is verified with the decode numerics: prefill=True takes a chain")
+            tree = self._tree(parents, T, cache)
+            return self._logits(self._layers(ids, [_Segment(cache, T, tree)])[T - k:])
+        prefill = cache.length == 0 if prefill is None else bool(prefill)
         hidden = []
         for start in range(0, T, self.PREFILL_CHUNK):  # long prompts in chunks: bounded attention memory
-            h = self._layers(ids[start : start + self.PREFILL_CHUNK], cache, prefill)
+            chunk = ids[start : start + self.PREFILL_CHUNK]
+            h = self._layers(chunk, [_Segment(cache, chunk.shape[0])], prefill)
             if start + h.shape[0] > T - k:  # only the last k positions need logits
                 hidden.append(h[max(0, T - k - start):])
-        h = self.kernels.rms_norm(torch.cat(hidden), self.norm, self.eps)
-        return self.head(h).float().unsqueeze(0)  # [1, k, V]
+        return self._logits(hidden[0] if len(hidden) == 1 else torch.cat(hidden))
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [k, D] -> logits [1, k, V] float32."""
+        return self.head(self.kernels.rms_norm(h, self.norm, self.eps)).float().unsqueeze(0)
+
+    @torch.inference_mode()
+    def forward_batch(self, calls: Sequence[ForwardCall]) -> list[torch.Tensor]:
+        """Several requests' decode calls in one ragged forward: each call's logits [1, k, V] (k its
+        num_logits, at most its T) and its cache filled, bit-identical to `forward` of that call alone.
+
+        The rows of every call go through the products together (the weights read once for all of
+        them); RoPE, the cache writes and the attention run per call over its own cache, at its own
+        positions (its cache's length on, or a draft tree's depths); only each call's last k rows
+        reach the final norm and the LM head. Each call needs its own cache, already holding its
+        prompt (a prefill goes alone: `forward`, or pieces of it with prefill=True). One call is
+        exactly `forward`, a prefill included."""
+        calls = list(calls)
+        if not calls:
+            return []
+        if len(calls) == 1:
+            c = calls[0]
+            return [self.forward(c.tokens, c.cache, num_logits=c.num_logits, parents=c.parents)]
+        segments, ks, seen = [], [], {}
+        for i, c in enumerate(calls):
+            tokens, cache = c.tokens, c.cache
+            if not isinstance(cache, NativeCache):
+                raise ValueError(f"forward_batch: call {i}'s cache is a {type(cache).__name__}, not this "
+                                 f"model's NativeCache")
+            if tokens.dim() != 2 or tokens.shape[0] != 1 or tokens.shape[1] == 0:
+                raise ValueError(f"forward_batch: call {i}'s tokens must be [1, T] with T >= 1, got "
+                                 f"{tuple(tokens.shape)}")
+            if id(cache) in seen:
+                raise ValueError(f"forward_batch: calls {seen[id(cache)]} and {i} share one cache: each request "
+                                 f"needs its own")
+            seen[id(cache)] = i
+            if cache.length == 0:
+                raise ValueError(f"forward_batch: call {i}'s cache is empty: a batch runs decode calls; prefill "
+                                 f"its prompt alone first (forward)")
+            T = tokens.shape[1]
+            self._room(cache, T, f"forward_batch: call {i}: ")
+            try:
+                tree = None if c.parents is None else self._tree(c.parents, T, cache)
+            except ValueError as e:
+                raise ValueError(f"forward_batch: call {i}: {e}") from None
+            segments.append(_Segment(cache, T, tree))
+            ks.append(min(c.num_logits or T, T))
+        x = self._layers(torch.cat([c.tokens[0] for c in calls]), segments)
+        rows, start = [], 0
+        for s, k in zip(segments, ks):
+            rows.append(torch.arange(start + s.rows - k, start + s.rows))
+            start += s.rows
+        logits = self._logits(x.index_select(0, torch.cat(rows)))[0]  # the rows that need logits, only
+        return [part.unsqueeze(0) for part in logits.split(ks)]
 
     def _tree(self, parents: Sequence[int], T: int, cache: NativeCache) -> torch.Tensor:
         """`parents` checked, as int32 [T]."""
@@ -207,38 +289,61 @@ class NativeLlama:
             raise ValueError("a draft tree follows a prefilled prompt: the cache is empty")
         return torch.tensor(parents, dtype=torch.int32)
 
-    def _layers(self, ids: torch.Tensor, cache: NativeCache, prefill: bool,
-                parents: torch.Tensor | None = None) -> torch.Tensor:
-        """ids [T] in cache slots cache.length.. (a chain, or a tree given `parents`) -> final hidden
-        states [T, D]; fills the cache."""
-        T, p0 = ids.shape[0], cache.length
-        positions = torch.arange(p0, p0 + T)
-        if parents is not None:  # a node's position: the cache's length plus its depth
-            depth = []
-            for p in parents.tolist():
-                depth.append(0 if p < 0 else depth[p] + 1)
-            positions = p0 + torch.tensor(depth)
+    @staticmethod
+    def _positions(segment: _Segment) -> torch.Tensor:
+        """A segment's rows' positions: its cache's length on, or for a tree that plus each node's depth."""
+        p0 = segment.cache.length
+        if segment.parents is None:
+            return torch.arange(p0, p0 + segment.rows)
+        depth = []
+        for p in segment.parents.tolist():
+            depth.append(0 if p < 0 else depth[p] + 1)
+        return p0 + torch.tensor(depth)
+
+    def _layers(self, ids: torch.Tensor, segments: Sequence[_Segment], prefill: bool = False) -> torch.Tensor:
+        """ids [T], the rows of `segments` in turn (one request's each, with its own cache: a chain, or
+        a tree given its parents, in cache slots cache.length..) -> final hidden states [T, D]; fills
+        the caches. The products run once over all T rows; RoPE with the cache writes and the
+        attention per segment over its own cache."""
+        one = len(segments) == 1
+        positions = self._positions(segments[0]) if one else torch.cat([self._positions(s) for s in segments])
         cos, sin = self.cos[positions], self.sin[positions]  # [T, hd]
         x = F.embedding(ids, self.embed)  # [T, D]
         if not prefill and self.layer_pointers is not None:  # the loop below in one C call
             hidden = self.blocks[0]["gate_up"].out_features // 2
-            x = self.kernels.layers_q4f(x, self.layer_pointers, cache.k, cache.v, cos, sin, p0, hidden, self.eps,
-                                        int8_activations=self.dtype == "w4a8", parents=parents)
-            cache.length = p0 + T
-            return x
+            x = self.kernels.layers_q4f(
+                x, self.layer_pointers, [Segment(s.rows, s.cache.k, s.cache.v, s.cache.length, s.parents)
+                                         for s in segments], cos, sin, hidden, self.eps,
+                int8_activations=self.dtype == "w4a8")
+        else:
+            x = self._layer_loop(x, segments, cos, sin, prefill)
+        for s in segments:
+            s.cache.length += s.rows
+        return x
+
+    def _layer_loop(self, x: torch.Tensor, segments: Sequence[_Segment], cos: torch.Tensor, sin: torch.Tensor,
+                    prefill: bool) -> torch.Tensor:
+        """`_layers` one operation at a time (each a call over all rows, or one per segment)."""
+        one, bounds, start = len(segments) == 1, [], 0
+        for s in segments:
+            bounds.append((start, start + s.rows, s.cache.length))
+            start += s.rows
         for i, b in enumerate(self.blocks):
             products = self.prefill_products[i] if prefill else b
             qkv = products["qkv"](self.kernels.rms_norm(x, b["attn_norm"], self.eps))  # [T, (H + 2 Hkv) hd]
-            keys, values = cache.layer_k[i], cache.layer_v[i]  # [Hkv, P, hd]
-            q = self.kernels.rope_store(qkv, cos, sin, keys, values, p0)  # [T, H, hd]; k, v cached
-            if prefill:  # all queries at once (the decode loop prefills a prompt alone, plain or not)
-                attn = self._attend_block(q, i, cache, p0)
-            else:  # each position alone: its numerics do not depend on what shares the call
-                attn = self.kernels.attend(q, keys, values, p0, parents)
+            parts = []
+            for s, (lo, hi, p0) in zip(segments, bounds):
+                keys, values = s.cache.layer_k[i], s.cache.layer_v[i]  # [Hkv, P, hd]
+                q = self.kernels.rope_store(qkv if one else qkv[lo:hi], cos if one else cos[lo:hi],
+                                           sin if one else sin[lo:hi], keys, values, p0)  # [rows, H, hd]; k, v cached
+                if prefill:  # all queries at once (the decode loop prefills a prompt alone, plain or not)
+                    parts.append(self._attend_block(q, i, s.cache, p0))
+                else:  # each position alone: its numerics do not depend on what shares the call
+                    parts.append(self.kernels.attend(q, keys, values, p0, s.parents))
+            attn = parts[0] if one else torch.cat(parts)
             x = x + products["o"](attn)
             gate_up = products["gate_up"](self.kernels.rms_norm(x, b["mlp_norm"], self.eps))  # [T, 2 I]
             x = x + products["down"](self.kernels.silu_mul(gate_up))
-        cache.length = p0 + T
         return x
 
     def _attend_block(self, q: torch.Tensor, layer: int, cache: NativeCache, p0: int) -> torch.Tensor:

@@ -182,8 +182,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     for name in ("q4_available", "q4q8_vector", "kernels_pool_workers"):
         getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, []
     lib.layers_q4f.restype = ctypes.c_int
-    lib.layers_q4f.argtypes = [p, i32, p, i32, p, p, ctypes.c_long, ctypes.c_long, p, p] + [i32] * 6 + [
-        ctypes.c_float] * 2 + [i32, p, i32]
+    lib.layers_q4f.argtypes = [p, i32, p, i32, p, i32, p, p] + [i32] * 5 + [ctypes.c_float] * 2 + [i32, i32]
     return lib
 
 
