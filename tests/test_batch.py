@@ -17,8 +17,15 @@ GREEDY = SamplingParams(temperature=0)
 SAMPLED = SamplingParams(temperature=1.0)
 
 
-def toy_pair(vocab_size=6):
-    target = ToyModel(vocab_size, seed=11)
+class PromptsInPieces(ToyModel):
+    """A toy target whose prompts may join decode forwards in pieces (as the native backend's where
+    its prompt rows are row-invariant): a toy's logits depend on the prefix alone."""
+
+    row_invariant_prompts = True
+
+
+def toy_pair(vocab_size=6, pieces=False):
+    target = (PromptsInPieces if pieces else ToyModel)(vocab_size, seed=11)
     target.tokenizer = LetterTokenizer()
     return target, ToyModel(vocab_size, seed=12, scale=0.7, base=target)
 
@@ -47,14 +54,16 @@ def make_drafter(kind, draft):
     return {"model": lambda: ModelDrafter(draft), "lookup": PromptLookupDrafter, None: lambda: None}[kind]()
 
 
+@pytest.mark.parametrize("pieces", [False, True], ids=["prefill apart", "prompt pieces in the forward"])
 @pytest.mark.parametrize("max_batch", [1, 2, 4, 8])
-def test_every_request_gets_the_tokens_it_gets_alone(max_batch):
+def test_every_request_gets_the_tokens_it_gets_alone(max_batch, pieces):
     """Greedy and seeded sampled requests with different prompts, drafters and gammas, batched in
-    slots of max_batch, each equal to the same request decoded alone (fixed gamma: the same draws)."""
-    target, draft = toy_pair()
+    slots of max_batch, each equal to the same request decoded alone (fixed gamma: the same draws);
+    prompts prefilled apart, or fed 2 tokens a step beside the decode rows."""
+    target, draft = toy_pair(pieces=pieces)
     expected = [alone(target, p, make_drafter(kind, draft) or PromptLookupDrafter(), gamma=g, params=params,
                       seed=seed, max_new_tokens=n) for p, kind, g, params, seed, n in REQUESTS]
-    batch = Batch(target, max_batch=max_batch)
+    batch = Batch(target, max_batch=max_batch, prompt_rows=2)
     requests = [batch.submit(p, make_drafter(kind, draft), gamma=g, params=params, seed=seed, max_new_tokens=n)
                 for p, kind, g, params, seed, n in REQUESTS]
     most = 0
@@ -118,6 +127,8 @@ def test_bad_settings_are_refused_at_submit():
         batch.submit([0], PromptLookupDrafter(), gamma=-1)
     with pytest.raises(ValueError, match="max_batch"):
         Batch(target, max_batch=0)
+    with pytest.raises(ValueError, match="prompt_rows"):
+        Batch(target, prompt_rows=0)
     assert batch.done
 
 

@@ -164,18 +164,40 @@ def test_a_prompt_prefilled_in_chunks_equals_one_prefill_bit_for_bit(default_mod
     C = model.PREFILL_CHUNK
     prompt = torch.randint(0, 5000, (1, 2 * C + 40), generator=torch.Generator().manual_seed(3))
     whole = model.new_cache()
-    expected = model.forward(prompt, whole, num_logits=1)
+    expected = model.forward(prompt, whole, num_logits=1, prefill=True)
     pieces = model.new_cache(2 * C + 48)  # sized to the prompt and a few tokens
     for start in range(0, prompt.shape[1], C):
         logits = model.forward(prompt[:, start : start + C], pieces, num_logits=1, prefill=True)
     assert torch.equal(logits, expected) and same_cache(pieces, whole)
     # what prefill=True changes: without it a piece after the first is computed as decode steps
     decoded = model.new_cache()
-    model.forward(prompt[:, :C], decoded, num_logits=1)
-    model.forward(prompt[:, C:], decoded, num_logits=1)
+    model.forward(prompt[:, :C], decoded, num_logits=1, prefill=True)
+    model.forward(prompt[:, C:], decoded, num_logits=1, prefill=False)
     assert not torch.equal(decoded.k[:, :, C : 2 * C + 40], whole.k[:, :, C : 2 * C + 40])
     with pytest.raises(ValueError, match="prefill=True takes a chain"):
         model.forward(torch.tensor([[5, 6]]), pieces, parents=[-1, 0], prefill=True)
+
+
+@pytest.mark.slow
+@needs_model
+def test_a_prompt_joins_a_batch_in_pieces_of_any_size_where_prompts_are_row_invariant(default_model):
+    """With row-invariant prompts (vector integer dot products, no AMX) a prompt goes through the
+    decode path: fed in uneven pieces beside another request's decode rows it leaves the cache and
+    logits of one call over the whole prompt."""
+    model = default_model
+    if not model.row_invariant_prompts:
+        pytest.skip(f"prompts take the prefill products on this path: {model.kernel_plan}")
+    prompt = torch.randint(0, 5000, (1, 90), generator=torch.Generator().manual_seed(4))
+    whole = model.new_cache()
+    expected = model.forward(prompt, whole, num_logits=1)
+    other = model.new_cache(200)
+    model.forward(torch.arange(300, 340)[None], other, num_logits=1)
+    pieces, start = model.new_cache(100), 0
+    for size in (7, 50, 1, 32):
+        logits, _ = model.forward_batch([ForwardCall(prompt[:, start : start + size], pieces, 1),
+                                         ForwardCall(torch.tensor([[start + 1]]), other, 1)])
+        start += size
+    assert torch.equal(logits, expected) and same_cache(pieces, whole)
 
 
 @pytest.mark.slow
@@ -187,8 +209,9 @@ def test_refusals_name_the_call_and_change_no_cache(default_model):
     other = model.new_cache(64)
     model.forward(torch.arange(200, 210)[None], other, num_logits=1)
     one = torch.tensor([[7]])
-    with pytest.raises(ValueError, match="call 1's cache is empty"):
-        model.forward_batch([ForwardCall(one, other, 1), ForwardCall(one, model.new_cache(8), 1)])
+    if not model.row_invariant_prompts:
+        with pytest.raises(ValueError, match="call 1's cache is empty"):
+            model.forward_batch([ForwardCall(one, other, 1), ForwardCall(one, model.new_cache(8), 1)])
     with pytest.raises(ValueError, match="calls 0 and 2 share one cache"):
         model.forward_batch([ForwardCall(one, other, 1), ForwardCall(one, full, 1), ForwardCall(one, other, 1)])
     with pytest.raises(ValueError, match="call 1: 18 cached \\+ 3 new positions exceed the cache's 20 positions"):

@@ -29,7 +29,7 @@ from .decode import Decoding, _check_request
 from .drafters.base import Drafter
 from .drafters.lookup import PromptLookupDrafter
 from .gamma import AUTO, AdaptiveGamma, GammaPolicy, as_policy, plan_batch
-from .models.base import forward_batch
+from .models.base import ForwardCall, forward_batch
 from .options import check_lenience, check_stop
 from .sampling import SamplingParams
 from .stats import Stats
@@ -69,13 +69,17 @@ class Batch:
     max_batch: requests holding a KV cache at once (the native backend sizes each to the request's
     prompt + max_new_tokens); the rest wait, in order.
     max_gamma: the longest draft a planned ("auto") request gets.
+    prompt_rows: prompt tokens a step feeds beside the decode rows, where the target computes prompts
+    row-invariantly (`row_invariant_prompts`); elsewhere a step runs one `PREFILL_CHUNK` of one prompt.
     """
 
-    def __init__(self, target, max_batch: int = 8, max_gamma: int = 8) -> None:
+    def __init__(self, target, max_batch: int = 8, max_gamma: int = 8, prompt_rows: int = 64) -> None:
         if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         self.target = target
-        self.max_batch, self.max_gamma = max_batch, max_gamma
+        if not isinstance(prompt_rows, int) or prompt_rows < 1:
+            raise ValueError(f"prompt_rows must be an integer >= 1, got {prompt_rows!r}")
+        self.max_batch, self.max_gamma, self.prompt_rows = max_batch, max_gamma, prompt_rows
         self.waiting: list[BatchRequest] = []
         self.active: list[BatchRequest] = []
         self._ids = itertools.count()
@@ -120,14 +124,20 @@ class Batch:
         self.last_forward = None
         while self.waiting and len(self.active) < self.max_batch:
             self._admit(self.waiting.pop(0))
-        prefilling = next((r for r in self.active if r.id in self._prefilling or len(r.decoding.cache) == 0), None)
+        if getattr(self.target, "row_invariant_prompts", False):  # prompt pieces join the decode forward
+            if self.active:
+                self._decode(list(self.active), out)
+            return out
+        prefilling = next((r for r in self.active if self._prompt_left(r)), None)
         if prefilling is not None:
             self._prefill_chunk(prefilling, out)
-        decoding = [r for r in self.active
-                    if r is not prefilling and r.id not in self._prefilling and len(r.decoding.cache) > 0]
+        decoding = [r for r in self.active if r is not prefilling and not self._prompt_left(r)]
         if decoding:
             self._decode(decoding, out)
         return out
+
+    def _prompt_left(self, r: BatchRequest) -> bool:
+        return r.id in self._prefilling or len(r.decoding.cache) == 0
 
     # -- the parts of a step --
 
@@ -177,19 +187,40 @@ class Batch:
             self._fail(r, err)
 
     def _decode(self, requests: list[BatchRequest], out: list) -> None:
-        """Plan, draft, one forward over every request's rows, verify."""
-        gammas: list[int | None] = [None] * len(requests)
-        if len(requests) > 1:  # alone, a request plans as it does outside a batch
-            policies = [r.decoding.policy for r in requests]
+        """Plan, draft, one forward over every request's rows (and pieces of prompts, up to
+        `prompt_rows` of them, where the target computes prompts row-invariantly), verify."""
+        prompts = [r for r in requests if self._prompt_left(r)]
+        decoding = [r for r in requests if not self._prompt_left(r)]
+        calls, ready, last = [], [], []  # last: whether the call ends its request's iteration
+        budget = self.prompt_rows
+        for r in prompts:
+            if budget <= 0:
+                break
+            try:
+                if r.id not in self._prefilling:
+                    self._prefilling[r.id] = (r.decoding.prepare(), 0)  # the whole prompt, no draft
+                call, done = self._prefilling[r.id]
+                size = min(budget, call.tokens.shape[1] - done)
+                budget -= size
+                calls.append(ForwardCall(call.tokens[:, done : done + size], call.cache, 1))
+                ready.append(r)
+                last.append(done + size == call.tokens.shape[1])
+                self._prefilling[r.id] = (call, done + size)
+            except Exception as err:  # noqa: BLE001
+                self._fail(r, err)
+        prompt_rows = sum(c.tokens.shape[1] for c in calls)
+        gammas: list[int | None] = [None] * len(decoding)
+        if len(decoding) > 1 or (decoding and prompt_rows):  # alone, a request plans as outside a batch
+            policies = [r.decoding.policy for r in decoding]
             auto = next((p for p in policies if isinstance(p, AdaptiveGamma)), None)
             if auto is not None:
-                auto.context_length = sum(len(r.decoding.context) for r in requests) // len(requests)
-                gammas = plan_batch(policies, [r.decoding.room for r in requests], auto.verify_cost)
-        calls, ready = [], []
-        for r, g in zip(requests, gammas):
+                auto.context_length = sum(len(r.decoding.context) for r in decoding) // len(decoding)
+                gammas = plan_batch(policies, [r.decoding.room for r in decoding], auto.verify_cost, prompt_rows)
+        for r, g in zip(decoding, gammas):
             try:
                 calls.append(r.decoding.prepare(g))
                 ready.append(r)
+                last.append(True)
             except Exception as err:  # noqa: BLE001
                 self._fail(r, err)
         if not calls:
@@ -203,8 +234,11 @@ class Batch:
             for r in ready:
                 self._fail(r, err)
             return
-        for r, row_logits in zip(ready, logits):
+        for r, row_logits, ends in zip(ready, logits, last):
+            if not ends:
+                continue
             try:
+                self._prefilling.pop(r.id, None)
                 self._add(r, r.decoding.complete(row_logits, started=started, rows=rows), out)
             except Exception as err:  # noqa: BLE001
                 self._fail(r, err)

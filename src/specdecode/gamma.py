@@ -164,7 +164,8 @@ class AdaptiveGamma:
             self.cost_ratio = 0.8 * self.cost_ratio + 0.2 * c
 
 
-def plan_batch(policies: Sequence[GammaPolicy], rooms: Sequence[int], verify_cost) -> list[int | None]:
+def plan_batch(policies: Sequence[GammaPolicy], rooms: Sequence[int], verify_cost,
+               other_rows: int = 0) -> list[int | None]:
     """Every request's draft length for one batched target call (continuous batching), under the
     cost model of `AdaptiveGamma` taken over the batch's rows: maximise
 
@@ -172,7 +173,8 @@ def plan_batch(policies: Sequence[GammaPolicy], rooms: Sequence[int], verify_cos
 
     E[tokens](alpha, g) = 1 + alpha + ... + alpha^g (the paper's (1 - alpha^(g+1)) / (1 - alpha)),
     with `verify_cost(R)` = T(R)/T(1) of the target and c_i the request's draft cost ratio (its
-    drafting runs serially). Requests whose policy is not adaptive keep their own plan (None).
+    drafting runs serially), and `other_rows` rows (prompt pieces) sharing the forward. Requests
+    whose policy is not adaptive keep their own plan (None).
 
     Each extra draft token of request i adds alpha_i^(g_i+1) expected tokens, less for each further
     one, so the best allocation of any number of extra rows takes the largest such gains first;
@@ -188,7 +190,7 @@ def plan_batch(policies: Sequence[GammaPolicy], rooms: Sequence[int], verify_cos
         for g in range(min(p.max_gamma, rooms[i])):
             gains.append((p.alpha ** (g + 1), i, p.cost_ratio))
     gains.sort(key=lambda item: (-item[0], item[2]))
-    rows = fixed_rows + len(adaptive)
+    rows = other_rows + fixed_rows + len(adaptive)
     tokens, drafting = float(len(policies)), 0.0  # a fixed-gamma request counted at its one sure token
     best, best_k = tokens / (verify_cost(rows) + drafting), 0
     for k, (gain, _, cost) in enumerate(gains, 1):

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from ..base import ForwardCall, Vocabulary, eos_ids
 from .cache import NativeCache
 from .kernels import CKernels, Segment, make_kernels
+from .plan import cpu_flags
 from .linear import Int4Linear, Linear, Q8Linear, bf16_supported, dense
 from .plan import kernel_plan
 
@@ -117,6 +118,14 @@ class NativeLlama:
         self.cos, self.sin = emb.cos().to(self.compute_dtype), emb.sin().to(self.compute_dtype)
         self.n_threads = torch.get_num_threads()
         self.layer_pointers = self._layer_pointers()
+        # Where the 4-bit x 8-bit products have vector integer dot products, a prompt's rows go through
+        # the decode path as well (each row alone): on a 2-core AVX512-VNNI EPYC 40 tokens take 33 ms
+        # there against 53 ms through the bf16 copies, 512 tokens 416 against 440 ms; forced AVX2 36
+        # against 93 ms. Rows computed alone do not depend on what shares the call, so a batch may
+        # prefill prompts beside other requests' decode rows, in pieces of any size. Not with AMX
+        # tiles, whose bf16 products serve a prompt faster, nor where the dot products are plain C.
+        self.row_invariant_prompts = (self.layer_pointers is not None and self.dtype == "w4a8"
+                                      and getattr(self.kernels, "q4q8_vector", False) and "amx_tile" not in cpu_flags())
 
     def _use(self, compute_dtype: torch.dtype) -> None:
         self.compute_dtype = compute_dtype
@@ -203,7 +212,7 @@ class NativeLlama:
 
         `prefill`: compute the tokens as a prompt's (the prefill products, all of a chunk's queries at
         once, in chunks of PREFILL_CHUNK) or as decode steps (each row alone, whatever shares the
-        call); None: as a prompt where the cache is empty. A prompt fed in pieces cut at multiples of
+        call); None: as a prompt where the cache is empty, unless `row_invariant_prompts`. A prompt fed in pieces cut at multiples of
         PREFILL_CHUNK with prefill=True (between other requests' steps) leaves the cache and the last
         logits bit-identical to one call over the whole prompt."""
         if tokens.dim() != 2 or tokens.shape[0] != 1:
@@ -217,7 +226,7 @@ class NativeLlama:
                 raise ValueError("a draft tree is verified with the decode numerics: prefill=True takes a chain")
             tree = self._tree(parents, T, cache)
             return self._logits(self._layers(ids, [_Segment(cache, T, tree)])[T - k:])
-        prefill = cache.length == 0 if prefill is None else bool(prefill)
+        prefill = (cache.length == 0 and not self.row_invariant_prompts) if prefill is None else bool(prefill)
         hidden = []
         for start in range(0, T, self.PREFILL_CHUNK):  # long prompts in chunks: bounded attention memory
             chunk = ids[start : start + self.PREFILL_CHUNK]
@@ -238,9 +247,10 @@ class NativeLlama:
         The rows of every call go through the products together (the weights read once for all of
         them); RoPE, the cache writes and the attention run per call over its own cache, at its own
         positions (its cache's length on, or a draft tree's depths); only each call's last k rows
-        reach the final norm and the LM head. Each call needs its own cache, already holding its
-        prompt (a prefill goes alone: `forward`, or pieces of it with prefill=True). One call is
-        exactly `forward`, a prefill included."""
+        reach the final norm and the LM head. Each call needs its own cache. With
+        `row_invariant_prompts` a call may be (a piece of) a prompt, from an empty cache on; else a
+        prefill goes alone (`forward`, or pieces of it with prefill=True). One call is exactly
+        `forward`, a prefill included."""
         calls = list(calls)
         if not calls:
             return []
@@ -260,7 +270,7 @@ class NativeLlama:
                 raise ValueError(f"forward_batch: calls {seen[id(cache)]} and {i} share one cache: each request "
                                  f"needs its own")
             seen[id(cache)] = i
-            if cache.length == 0:
+            if cache.length == 0 and not self.row_invariant_prompts:
                 raise ValueError(f"forward_batch: call {i}'s cache is empty: a batch runs decode calls; prefill "
                                  f"its prompt alone first (forward)")
             T = tokens.shape[1]
