@@ -261,3 +261,32 @@ def test_the_fallback_runs_one_forward_per_call(target):
         kwargs = {} if r.parents is None else {"parents": r.parents}
         assert torch.equal(x, target.forward(r.tokens, r.cache, num_logits=r.num_logits, **kwargs))
         assert len(c.cache) == len(r.cache)
+
+
+@pytest.mark.slow
+@needs_model
+def test_a_batch_on_the_real_target_gives_each_request_its_output_alone(default_model):
+    """Chat prompts sharing the template's system turn (the last repeats the first), greedy and seeded
+    sampled at a fixed gamma, greedy at a planned one, in a batch of 4 with prompt pieces and
+    reused prefixes: each request's tokens equal the same request decoded alone."""
+    from specdecode import PromptLookupDrafter, SamplingParams, encode_prompt, speculative_decode
+    from specdecode.batch import Batch
+
+    model = default_model
+    greedy, sampled = SamplingParams(temperature=0), SamplingParams(temperature=0.8, top_p=0.9)
+    texts = ["Name three primary colours.", "Repeat exactly: red, green, blue, red, green, blue.",
+             "What is the capital of France?", "Count to five in words.", "Name three primary colours."]
+    asks = [(encode_prompt(model.tokenizer, t), params, seed, gamma)
+            for t, (params, seed, gamma) in zip(texts, [(greedy, None, 3), (greedy, None, "auto"), (sampled, 4, 2),
+                                                         (sampled, 9, 0), (greedy, None, 3)])]
+    batch = Batch(model, max_batch=4, prompt_rows=24)
+    requests = [batch.submit(ids, PromptLookupDrafter(), gamma=gamma, params=params, seed=seed, max_new_tokens=24)
+                for ids, params, seed, gamma in asks]
+    for _ in batch.run():
+        pass
+    for r, (ids, params, seed, gamma) in zip(requests, asks):
+        alone = [t for s in speculative_decode(model, PromptLookupDrafter(), ids, gamma=gamma, params=params,
+                                               seed=seed, max_new_tokens=24) for t in s.tokens]
+        assert r.finish_reason in ("eos", "length") and r.stats.tokens == alone
+    if model.row_invariant_prompts:  # the fifth waited for a slot: by then its twin's prompt was stored
+        assert batch.prefixes.reused_tokens == len(asks[4][0]) - 1

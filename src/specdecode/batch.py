@@ -31,6 +31,7 @@ from .drafters.lookup import PromptLookupDrafter
 from .gamma import AUTO, AdaptiveGamma, GammaPolicy, as_policy, plan_batch
 from .models.base import ForwardCall, forward_batch
 from .options import check_lenience, check_stop
+from .prefix import PrefixCache
 from .sampling import SamplingParams
 from .stats import Stats
 from .text import TextPieces, TextStep
@@ -71,15 +72,20 @@ class Batch:
     max_gamma: the longest draft a planned ("auto") request gets.
     prompt_rows: prompt tokens a step feeds beside the decode rows, where the target computes prompts
     row-invariantly (`row_invariant_prompts`); elsewhere a step runs one `PREFILL_CHUNK` of one prompt.
+    prefix_bytes: memory for recent prompts' keys and values, reused by later prompts that share a
+    prefix with them (`prefix.PrefixCache`; there too, and for the native backend's caches); 0: none.
     """
 
-    def __init__(self, target, max_batch: int = 8, max_gamma: int = 8, prompt_rows: int = 64) -> None:
+    def __init__(self, target, max_batch: int = 8, max_gamma: int = 8, prompt_rows: int = 64,
+                 prefix_bytes: int = 64 << 20) -> None:
         if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         self.target = target
         if not isinstance(prompt_rows, int) or prompt_rows < 1:
             raise ValueError(f"prompt_rows must be an integer >= 1, got {prompt_rows!r}")
         self.max_batch, self.max_gamma, self.prompt_rows = max_batch, max_gamma, prompt_rows
+        self.prefixes = (PrefixCache(prefix_bytes) if prefix_bytes and getattr(target, "row_invariant_prompts", False)
+                         and getattr(target, "backend", None) == "native" else None)
         self.waiting: list[BatchRequest] = []
         self.active: list[BatchRequest] = []
         self._ids = itertools.count()
@@ -136,8 +142,9 @@ class Batch:
             self._decode(decoding, out)
         return out
 
-    def _prompt_left(self, r: BatchRequest) -> bool:
-        return r.id in self._prefilling or len(r.decoding.cache) == 0
+    @staticmethod
+    def _prompt_left(r: BatchRequest) -> bool:
+        return r.decoding.emitted == 0
 
     # -- the parts of a step --
 
@@ -157,6 +164,8 @@ class Batch:
                      if getattr(self.target, "backend", None) == "native" else None)
             r.decoding = Decoding(self.target, r.drafter, r.prompt_ids, gamma=self._policy(r.gamma), params=r.params,
                                   max_new_tokens=r.max_new_tokens, lenience=r.lenience, seed=r.seed, cache=cache)
+            if self.prefixes is not None:  # a shared prefix of the prompt, computed once already
+                self.prefixes.fill(r.prompt_ids, cache)
         except Exception as err:  # noqa: BLE001  (a request that cannot start fails alone)
             r.error, r.finish_reason = f"{type(err).__name__}: {err}", "error"
             return
@@ -238,7 +247,8 @@ class Batch:
             if not ends:
                 continue
             try:
-                self._prefilling.pop(r.id, None)
+                if self._prefilling.pop(r.id, None) and self.prefixes is not None:
+                    self.prefixes.store(r.prompt_ids, r.decoding.cache)
                 self._add(r, r.decoding.complete(row_logits, started=started, rows=rows), out)
             except Exception as err:  # noqa: BLE001
                 self._fail(r, err)

@@ -119,6 +119,8 @@ class Decoding:
                  max_new_tokens: int = 128, lenience: float = 1.0, seed: int | None = None,
                  generator: torch.Generator | None = None, eos_token_ids: Sequence[int] | None = None,
                  cache=None) -> None:
+        """`cache`: the target cache to decode in (a new one by default); it may already hold a prefix
+        of the prompt, computed exactly as this prompt's own (`prefix.PrefixCache`)."""
         _check_request(target, prompt, max_new_tokens)
         check_lenience(lenience)
         if drafter.vocab is not None:
@@ -159,7 +161,7 @@ class Decoding:
         #    goes alone, without a draft: the prompt's cache entries are then computed exactly as plain
         #    decoding computes them (a batch-invariant target gives identical logits).
         policy, drafter, room = self.policy, self.drafter, self.room
-        prefill = len(self.cache) == 0
+        prefill = self.emitted == 0  # the first call: the prompt (or what a reused prefix left of it)
         if hasattr(policy, "context_length"):  # verification costs more rows of attention as the context grows
             policy.context_length = len(self.context)
         if prefill:
