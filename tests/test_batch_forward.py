@@ -2,7 +2,6 @@
 cache bit-identical to the same call alone, whatever the batch's order; chunked prompts with
 prefill=True; per-request cache sizes; the refusals; the protocol's fallback for other targets."""
 
-import os
 from functools import lru_cache
 
 import pytest
@@ -10,6 +9,7 @@ import torch
 
 from specdecode.models.base import ForwardCall, forward_batch
 from specdecode.models.native import plan
+import test_native
 from toy import ToyModel
 
 
@@ -26,19 +26,7 @@ def _installed() -> bool:
 needs_model = pytest.mark.skipif(not _installed(), reason="the embedded SmolLM2 target is not installed")
 
 
-@lru_cache(maxsize=None)  # loaded once for the module's tests
-def load_on_path(path: str, dtype: str):
-    """The embedded target with the kernel path forced as $SPECDECODE_KERNELS forces it."""
-    from specdecode.models.load import load_model
-
-    before = os.environ.get(plan.ENV)
-    os.environ[plan.ENV] = path
-    try:
-        model = load_model(None, backend="native", dtype=dtype)
-    finally:
-        os.environ.pop(plan.ENV) if before is None else os.environ.__setitem__(plan.ENV, before)
-    assert model.kernels.plan.path == path
-    return model
+load_on_path = lru_cache(maxsize=None)(test_native.load_on_path)  # loaded once for the module's tests
 
 
 def _variants():

@@ -12,9 +12,10 @@ LAYERS = [
     ["specdecode.options"],
     ["specdecode.sampling", "specdecode.models.base"],
     ["specdecode.verify", "specdecode.formulas"],
-    ["specdecode.gamma", "specdecode.models", "specdecode.drafters"],
+    ["specdecode.gamma", "specdecode.models", "specdecode.drafters", "specdecode.prefix"],
     ["specdecode.decode"],
     ["specdecode.stats", "specdecode.text", "specdecode.render"],
+    ["specdecode.batch"],
     ["specdecode.analysis", "specdecode.bench", "specdecode.distill", "specdecode.server"],
     # server.ray runs `specdecode serve` (the CLI's) on every replica of a Ray Serve application
     ["specdecode.cli", "specdecode.__main__", "specdecode", "specdecode.server.ray"],

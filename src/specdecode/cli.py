@@ -160,9 +160,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-name", action="append", default=None, metavar="NAME",
                        help="the model id clients send (default: the target's file name); repeat for aliases, "
                             "the first is the one responses carry")
-    serve.add_argument("--max-batch", type=int, default=8,
+    serve.add_argument("--max-batch", type=int, default=16,
                        help="requests decoded together, each with its own KV cache sized to its prompt + max_tokens "
-                            "(default 8; 1 serves one at a time)")
+                            "(default 16; 1 serves one at a time)")
     serve.add_argument("--max-queue", type=int, default=16,
                        help="requests that may wait behind a full batch (default 16); past them, 429")
     serve.add_argument("--max-tokens", type=int, default=1024,

@@ -366,6 +366,8 @@ def _plain_step(logits: torch.Tensor, params: SamplingParams, gen: torch.Generat
     token = int(draw(logits, params) if target_probs is None else sample(target_probs, gen))
     if shadow is None or shadow.gamma == 0:
         return [token], 0, []
+    if target_probs is None and shadow.probs is None:  # greedy, a guess: beta is whether it is the argmax
+        return [token], 0, [float(int(shadow.tokens[0, 0]) == token)]
     if target_probs is None:
         target_probs = params.probs(logits)  # greedy: a point mass on `token`
     draft_probs = match_vocab(shadow.probs, target_probs.shape[-1])  # [1, 1, V] or None

@@ -48,7 +48,7 @@ class Engine:
     rows) after each batched decode forward."""
 
     def __init__(self, target, drafts: dict[str, str], default_draft: str, gamma: int | str = "auto",
-                 max_gamma: int = 8, max_queue: int = 16, max_batch: int = 8,
+                 max_gamma: int = 8, max_queue: int = 16, max_batch: int = 16,
                  on_finish: Callable[[Job], None] | None = None,
                  on_step: Callable[[int, int], None] | None = None, **load_options) -> None:
         if default_draft not in drafts:
