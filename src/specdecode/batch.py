@@ -23,7 +23,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-import torch
 
 from .decode import Decoding, _check_request
 from .drafters.base import Drafter
