@@ -4,8 +4,10 @@ Each request is a `decode.Decoding` (its own cache, drafter, gamma policy and ra
 and a `text.TextPieces`. A step
 
 1. admits waiting requests into free slots (at most `max_batch` hold a cache at once);
-2. runs one chunk of one waiting prompt's prefill (`PREFILL_CHUNK` tokens where the target can
-   prefill in chunks), so a long prompt never stalls the requests already decoding for long;
+2. feeds prompts: where the target computes prompt rows row-invariantly, up to `prompt_rows` prompt
+   tokens join the decode forward (after the longest prefix reused from recent prompts,
+   `prefix.PrefixCache`); elsewhere one `PREFILL_CHUNK` of one prompt runs apart. Either way a long
+   prompt never stalls the requests already decoding for long;
 3. plans the draft length of every decoding request together (`gamma.plan_batch`: the cost model
    of `--gamma auto` over the batch's rows, so speculation shrinks and stops as the batch fills);
 4. runs their target calls in ONE forward (`models.base.forward_batch`), then verifies each.
@@ -124,7 +126,8 @@ class Batch:
             yield from self.step()
 
     def step(self) -> list[tuple[BatchRequest, TextStep]]:
-        """Admit, one prefill chunk, one batched decode forward: the pieces made, in request order."""
+        """Admit waiting requests, then one forward: decode rows with prompt pieces beside them (or one
+        prompt chunk apart, then the decode rows). Returns the text pieces made."""
         out: list[tuple[BatchRequest, TextStep]] = []
         self.last_forward = None
         while self.waiting and len(self.active) < self.max_batch:
