@@ -204,3 +204,25 @@ def test_the_batched_check_catches_a_broken_verifier(monkeypatch):
                               seed=list(range(2000)), max_new_tokens=6)
     expected = sequence_distribution(target, [0], SAMPLED, 6)
     assert chi2_pvalue([tuple(r.stats.tokens) for r in requests], expected) < 1e-6
+
+
+def test_finished_and_cancelled_requests_leave_no_cache_behind():
+    """Over a long run the batch holds only its active requests' caches: every other one is freed."""
+    import gc
+    import weakref
+
+    target, draft = toy_pair(pieces=True)
+    batch = Batch(target, max_batch=3, prompt_rows=2)
+    caches, requests = [], []
+    for i in range(60):
+        requests.append(batch.submit([i % 6, (i + 1) % 6], ModelDrafter(draft), gamma=2, params=GREEDY,
+                                     max_new_tokens=5 + i % 7))
+    while not batch.done:
+        batch.step()
+        caches += [weakref.ref(r.decoding.cache) for r in batch.active]
+        assert len(batch.active) <= 3 and len(batch._prefilling) <= 3
+        if len(requests) > 40 and not requests[40].finished and requests[40].decoding is not None:
+            batch.cancel(requests[40])
+    gc.collect()
+    assert all(c() is None for c in caches)
+    assert requests[40].finish_reason == "cancelled" and all(r.finished for r in requests)
