@@ -118,3 +118,17 @@ def test_verification_costs_follow_the_context_length():
     assert policy.verify_cost(4) == pytest.approx((1.15 + 4 * 2.0) / 3.0)
     assert policy.choose(8) < short
     assert AdaptiveGamma(curve, position_cost=-1.0).verify_cost(4) == pytest.approx(1.15)  # noise: no gain
+
+
+def test_fresh_keeps_the_cost_model_and_resets_the_estimates():
+    template = AdaptiveGamma([0.0, 1.0, 1.3, 1.7], max_gamma=3, prior_alpha=0.6, prior_cost=0.05, decay=0.8,
+                             position_cost=0.001, profile_context=128)
+    template.observe([1.0, 1.0], 3, 0.01, 0.001, 2)
+    template.observe([0.0], 2, 0.01, 0.001, 1)
+    fresh = template.fresh()
+    assert (fresh.alpha, fresh.cost_ratio, fresh.step_seconds) == (0.6, 0.05, None)
+    assert template.alpha != 0.6
+    for name in ("verify_ratios", "max_gamma", "decay", "position_cost", "profile_context", "probe_every",
+                 "shadow_cost_limit"):
+        assert getattr(fresh, name) == getattr(template, name)
+    assert [fresh.verify_cost(k) for k in range(1, 6)] == [template.verify_cost(k) for k in range(1, 6)]

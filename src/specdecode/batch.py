@@ -155,9 +155,7 @@ class Batch:
             return gamma
         if self._auto is None:
             self._auto = as_policy(AUTO, self.target, self.max_gamma)
-        auto = self._auto
-        return AdaptiveGamma(auto.verify_ratios, max_gamma=self.max_gamma, profile_context=auto.profile_context,
-                             position_cost=auto.position_cost)
+        return self._auto.fresh()
 
     def _admit(self, r: BatchRequest) -> None:
         try:

@@ -91,6 +91,7 @@ class AdaptiveGamma:
             raise ValueError(f"prior_alpha must be in [0, 1], got {prior_alpha}")
         if not (0.0 < decay < 1.0):
             raise ValueError(f"decay must be in (0, 1), got {decay}")
+        self._priors = (prior_alpha, prior_cost)
         self.verify_ratios = list(verify_ratios)
         self._curve = verify_curve(verify_ratios)  # k -> T(k)/T(1) after profile_context positions
         self.position_cost, self.profile_context = max(0.0, position_cost), profile_context
@@ -107,6 +108,13 @@ class AdaptiveGamma:
         # draft trees: how the drafter's estimates of reaching its nodes compare with what the target
         # accepted (running sums; the prior says half)
         self._tree_accepted, self._tree_predicted = 1.0, 2.0
+
+    def fresh(self) -> "AdaptiveGamma":
+        """The same cost model (curve, bounds, priors) with its running estimates back at the priors:
+        one for each new request, from a target's measured template."""
+        return AdaptiveGamma(self.verify_ratios, self.max_gamma, *self._priors, decay=self.decay,
+                             shadow_cost_limit=self.shadow_cost_limit, probe_every=self.probe_every,
+                             position_cost=self.position_cost, profile_context=self.profile_context)
 
     def verify_cost(self, k: int) -> float:
         """T(k)/T(1) at the current context length."""

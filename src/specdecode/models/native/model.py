@@ -13,9 +13,8 @@ import torch.nn.functional as F
 from ..base import ForwardCall, Vocabulary, eos_ids
 from .cache import NativeCache
 from .kernels import CKernels, Segment, make_kernels
-from .plan import cpu_flags
 from .linear import Int4Linear, Linear, Q8Linear, bf16_supported, dense
-from .plan import kernel_plan
+from .plan import cpu_flags, kernel_plan
 
 
 def activation_dtype() -> torch.dtype:
@@ -91,9 +90,10 @@ class NativeLlama:
         if linears is None and dtype == "auto" and self.compute_dtype != activation_dtype():
             self._use(activation_dtype())  # not 4-bit groups: the widest fast float
         self.dtype = quantised if linears else str(self.compute_dtype).removeprefix("torch.")
-        # A prefill is compute-bound (each weight serves every prompt row): oneDNN's bf16 product runs a
+        # A prefill is compute-bound (each weight serves every prompt row): oneDNN's bf16 product ran a
         # 256-row chunk ~2.8x faster than the int4 kernel, so the prompt goes through bf16 copies where the
-        # path runs bf16 (w4a8 too: its float32 stream is cast for them; 512 tokens 0.48 s against 0.83 s).
+        # path runs bf16 (w4a8 too: its float32 stream is cast for them; 512 tokens 0.48 s against 0.83 s,
+        # on an earlier host), unless `row_invariant_prompts` (below) sends prompts through the decode path.
         prefill_dtype = activation_dtype() if self.dtype == "w4a8" else self.compute_dtype
         self.prefill_products = [{n: Linear(m.to(prefill_dtype)) for n, m in b.items()} for b in products]
         if linears is None and self.compute_dtype == torch.float32:  # BLAS float32 rows depend on the row count
@@ -212,9 +212,9 @@ class NativeLlama:
 
         `prefill`: compute the tokens as a prompt's (the prefill products, all of a chunk's queries at
         once, in chunks of PREFILL_CHUNK) or as decode steps (each row alone, whatever shares the
-        call); None: as a prompt where the cache is empty, unless `row_invariant_prompts`. A prompt fed in pieces cut at multiples of
-        PREFILL_CHUNK with prefill=True (between other requests' steps) leaves the cache and the last
-        logits bit-identical to one call over the whole prompt."""
+        call); None: as a prompt where the cache is empty, unless `row_invariant_prompts`. A prompt
+        fed in pieces cut at multiples of PREFILL_CHUNK with prefill=True (between other requests'
+        steps) leaves the cache and the last logits bit-identical to one call over the whole prompt."""
         if tokens.dim() != 2 or tokens.shape[0] != 1:
             raise ValueError(f"the native backend runs batch size 1, got tokens of shape {tuple(tokens.shape)}")
         T = tokens.shape[1]
