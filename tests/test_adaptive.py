@@ -21,6 +21,39 @@ def test_choice_matches_the_hardware_aware_optimum():
     assert AdaptiveGamma(FREE, max_gamma=8, prior_alpha=0.9).choose(3) == 3  # capped by the room left
 
 
+def test_each_plan_records_what_it_expects_of_its_call():
+    """Step.forecast: the expected tokens and cost (one-token steps) of the plan the model chose;
+    their ratio is the speedup it predicted, which the bench compares with the measured one."""
+    curve = [0.0, 1.0, 1.7, 2.4, 3.0, 3.5, 4.0, 4.4, 4.9]
+    policy = AdaptiveGamma(curve, max_gamma=7, prior_alpha=0.8, prior_cost=0.02)
+    gamma = policy.choose(100)
+    tokens, cost = policy.forecast
+    assert tokens == pytest.approx((1 - 0.8 ** (gamma + 1)) / 0.2)
+    assert cost == pytest.approx(curve[gamma + 1] + 0.02 * gamma)
+    assert tokens / cost == pytest.approx(optimal_gamma(0.8, 0.02, 7, verify_cost=curve)[1])
+    assert AdaptiveGamma(LINEAR, prior_alpha=0.3).choose(8) == 0
+    policy = AdaptiveGamma(LINEAR, prior_alpha=0.3)
+    policy.choose(8)
+    assert policy.forecast == (1.0, 1.0)  # plain decoding: one token a step
+    tree = AdaptiveGamma([0.0, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5], prior_cost=0.01)
+    n = tree.tree_size([0.9, 0.8, 0.5, 0.3], 8)
+    assert n == 3 and tree.forecast == pytest.approx((1 + 0.5 * (0.9 + 0.8 + 0.5), 1.3 + 3 * 0.01))
+
+
+def test_the_stream_sums_the_forecasts_of_the_calls_the_model_planned():
+    target = ToyModel(6, seed=11, delay=0.002)
+    draft = ToyModel(6, seed=12, scale=0.7, base=target)
+    curve = [0.0, 1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12, 1.14]
+    steps = list(speculative_decode(target, ModelDrafter(draft), [1, 2, 3], gamma=AdaptiveGamma(curve),
+                                    params=SamplingParams(temperature=0), max_new_tokens=40))
+    assert steps[0].forecast is None  # the prefill is not planned
+    assert all(s.forecast is not None and s.forecast[0] >= 1 and s.forecast[1] >= 1 for s in steps[1:])
+    assert any(s.forecast[0] > 1 for s in steps[1:])
+    fixed = list(speculative_decode(target, ModelDrafter(draft), [1, 2, 3], gamma=2,
+                                    params=SamplingParams(temperature=0), max_new_tokens=10))
+    assert all(s.forecast is None for s in fixed)  # a fixed gamma predicts nothing
+
+
 def test_estimates_follow_what_is_observed():
     policy = AdaptiveGamma(FREE, prior_alpha=0.5)
     for _ in range(50):

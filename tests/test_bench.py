@@ -42,6 +42,7 @@ def test_bench_writes_table_json_and_charts(prompts, tmp_path):
     lookup = rows[("summarization", "lookup g=2", 0.0)]
     assert lookup["alpha"] is not None and lookup["tokens_per_call"] >= 1.0
     assert lookup["predicted_speedup"] is not None and lookup["predicted_speedup_hw"] is not None
+    assert lookup["decode_speedup"] is not None and rows[("qa", "baseline", 0.0)]["decode_speedup"] == 1.0
     assert rows[("summarization", "baseline", 0.0)]["identical"] == "1/1"
     assert len(record["runs"]) == 2 * 2 * 4
     # the predictions are the formulas applied to the row's own measured alpha and c

@@ -42,6 +42,9 @@ class Step:
     target_seconds: float = 0.0  # the target call and the sampling from its logits
     finish_reason: str | None = None  # "eos" or "length" on the last step, else None
     tree: bool = False  # the proposal was a tree (its nodes verified in this one call)
+    # what the cost model expected of this call when it planned it: (tokens, cost in one-token
+    # steps); None for the prefill and for calls it did not plan (a fixed gamma, a batch's plan)
+    forecast: tuple[float, float] | None = None
 
     @property
     def from_draft(self) -> list[bool]:
@@ -189,6 +192,7 @@ class Decoding:
         elif sized and draft.reach is not None:
             draft = draft.prefix(policy.tree_size(draft.reach, room))
             draft = draft if draft.gamma else NO_DRAFT
+        forecast = getattr(policy, "forecast", None) if not prefill and gamma is None else None
         if shadow_draft is not None:
             shadow_draft = shadow_draft.chain()
 
@@ -203,13 +207,13 @@ class Decoding:
         if draft.parents is not None:
             u = unseen.shape[1]
             parents = list(range(-1, u - 1)) + [u - 1 if p < 0 else u + p for p in draft.parents]
-        self._pending = (draft, shadow_draft, prefill, t0, t1, unseen.shape[1], len(self.cache))
+        self._pending = (draft, shadow_draft, prefill, t0, t1, unseen.shape[1], len(self.cache), forecast)
         return ForwardCall(tokens, self.cache, num_logits=draft.gamma + 1, parents=parents)
 
     def complete(self, logits: torch.Tensor, started: float | None = None, rows: int | None = None) -> Step:
         """Steps 4-6 on the call's logits [1, g+1, V]. `started`: when the (shared) forward began, if
         not right after prepare(); `rows`: the rows that forward ran (a batch's), for the cost model."""
-        draft, shadow_draft, prefill, t0, t1, u, start = self._pending
+        draft, shadow_draft, prefill, t0, t1, u, start, forecast = self._pending
         self._pending = None
         began = t1 if started is None else started  # the forward's start
         g, cache, drafter, policy = draft.gamma, self.cache, self.drafter, self.policy
@@ -242,7 +246,7 @@ class Decoding:
         self.finished = finish is not None
         return Step(tokens=new, num_accepted=min(n, len(new)), proposed=draft.tokens[0].tolist(), betas=betas,
                     draft_seconds=t1 - t0, target_seconds=t2 - began, finish_reason=finish,
-                    tree=draft.parents is not None)
+                    tree=draft.parents is not None, forecast=forecast)
 
 
 def _sample(draft: Draft, shadow: Draft | None, logits: torch.Tensor, params: SamplingParams,

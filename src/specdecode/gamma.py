@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
-from .formulas import optimal_gamma, verify_curve
+from .formulas import expected_tokens, optimal_gamma, verify_curve
 from .options import check_gamma
 
 
@@ -108,6 +108,9 @@ class AdaptiveGamma:
         # draft trees: how the drafter's estimates of reaching its nodes compare with what the target
         # accepted (running sums; the prior says half)
         self._tree_accepted, self._tree_predicted = 1.0, 2.0
+        # what the last plan (or tree_size) expects of its call: (tokens, cost in one-token steps,
+        # drafting included); their sums over a run give the speedup the model predicted for it
+        self.forecast: tuple[float, float] = (1.0, 1.0)
 
     def fresh(self) -> "AdaptiveGamma":
         """The same cost model (curve, bounds, priors) with its running estimates back at the priors:
@@ -124,16 +127,18 @@ class AdaptiveGamma:
     def tree_size(self, reach: Sequence[float], limit: int) -> int:
         """How many of a draft tree's nodes to verify. `reach` holds each node's estimated chance of
         being reached, best first (so any prefix is a tree): the n maximising expected tokens per
-        unit time, (1 + k sum_{i<n} reach_i) / (T(n+1)/T(1)), k calibrating the estimates against
-        the accepted depths seen so far. n = 0 (plain decoding) scores 1. A chain is the case of a
-        tree with one child a node, whose reach is alpha^depth."""
+        unit time, (1 + k sum_{i<n} reach_i) / (T(n+1)/T(1) + n c), k calibrating the estimates
+        against the accepted depths seen so far, c the drafting cost per node. n = 0 (plain
+        decoding) scores 1. A chain is the case of a tree with one child a node, whose reach is
+        alpha^depth."""
         k = self._tree_accepted / self._tree_predicted
         best_n, best, total = 0, 1.0, 0.0
+        self.forecast = (1.0, 1.0)
         for n in range(1, min(len(reach), limit, len(self.verify_ratios) - 2) + 1):
             total += reach[n - 1]
-            rate = (1 + k * total) / self.verify_cost(n + 1)
-            if rate > best:
-                best_n, best = n, rate
+            tokens, cost = 1 + k * total, self.verify_cost(n + 1) + n * self.cost_ratio
+            if tokens / cost > best:
+                best_n, best, self.forecast = n, tokens / cost, (tokens, cost)
         return best_n
 
     def observe_tree(self, predicted: float, accepted: int) -> None:
@@ -143,7 +148,10 @@ class AdaptiveGamma:
 
     def choose(self, limit: int) -> int:
         """The best gamma in 0..min(max_gamma, limit)."""
-        return optimal_gamma(self.alpha, self.cost_ratio, min(self.max_gamma, limit), self.verify_cost)[0]
+        gamma, rate = optimal_gamma(self.alpha, self.cost_ratio, min(self.max_gamma, limit), self.verify_cost)
+        tokens = expected_tokens(self.alpha, gamma) if gamma else 1.0
+        self.forecast = (tokens, tokens / rate)
+        return gamma
 
     def plan(self, room: int) -> tuple[int, bool]:
         gamma = self.choose(room)

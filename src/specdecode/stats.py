@@ -27,6 +27,11 @@ class Stats:
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     wall_seconds: float = 0.0  # prefill included
+    prefill_seconds: float = 0.0  # until the first call's tokens (the prompt's forward)
+    # the cost model's expectations summed over the calls it planned (Step.forecast): tokens and
+    # cost in one-token steps; their ratio is the speedup over plain decoding it predicted
+    forecast_tokens: float = 0.0
+    forecast_steps: float = 0.0
     finish_reason: str | None = None
     tokens: list[int] = field(default_factory=list)
 
@@ -47,6 +52,9 @@ class Stats:
         self.draft_seconds += step.draft_seconds
         self.target_seconds += step.target_seconds
         self.tokens.extend(step.tokens)
+        if step.forecast is not None:
+            self.forecast_tokens += step.forecast[0]
+            self.forecast_steps += step.forecast[1]
 
     @property
     def tokens_per_call(self) -> float:
@@ -71,6 +79,11 @@ class Stats:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
+    @property
+    def predicted_speedup(self) -> float | None:
+        """The speedup over plain decoding that the cost model expected of the calls it planned."""
+        return self.forecast_tokens / self.forecast_steps if self.forecast_steps else None
+
     def summary(self) -> dict:
         out = asdict(self)
         out.pop("tokens")
@@ -80,5 +93,6 @@ class Stats:
             acceptance_per_depth=self.acceptance_per_depth,
             alpha=self.alpha,
             tokens_per_second=self.tokens_per_second,
+            predicted_speedup=self.predicted_speedup,
         )
         return out

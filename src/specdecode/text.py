@@ -106,6 +106,8 @@ class TextPieces:
         stats, stop, shown, text = self.stats, self.stop, self.shown, self.text
         stats.add(step)
         stats.wall_seconds = time.perf_counter() - self.start
+        if stats.target_calls == 1:
+            stats.prefill_seconds = stats.wall_seconds
         split = len(stats.tokens) - len(step.tokens) + step.num_accepted  # accepted | target token
         with_accepted = _stable(text.upto(split), shown)
         full = text.upto(len(stats.tokens))

@@ -29,7 +29,9 @@ class Row:
     alpha: float | None
     cost_ratio: float | None
     predicted_speedup: float | None  # the paper's formula
-    predicted_speedup_hw: float | None  # with the measured verification curve T(k)/T(1)
+    predicted_speedup_hw: float | None  # with the measured verification curve T(k)/T(1); for an
+    # adaptive gamma what its cost model expected of the drafts and trees it chose
+    decode_speedup: float | None  # measured after the first token (prefill excluded), over the baseline's
     identical: str | None  # greedy: "k/n" outputs equal to the baseline's
 
 
@@ -43,6 +45,7 @@ def aggregate(runs: Sequence[Run], profile: Profile | None = None) -> list[Row]:
         groups[(run.task, _label(run), run.temperature)].append(run)
         groups[(OVERALL, _label(run), run.temperature)].append(run)
     tps = {key: sum(r.new_tokens for r in rs) / sum(r.wall_seconds for r in rs) for key, rs in groups.items()}
+    decode_tps = {key: _decode_rate(rs) for key, rs in groups.items()}
     rows = []
     for (task, label, temperature), rs in groups.items():
         base = tps.get((task, "baseline", temperature))
@@ -59,6 +62,10 @@ def aggregate(runs: Sequence[Run], profile: Profile | None = None) -> list[Row]:
         if alpha is not None and isinstance(gamma, int) and gamma and cost is not None:
             predicted = speedup(alpha, gamma, cost)
             predicted_hw = hardware_speedup(alpha, gamma, cost, profile.verify_ratios)
+        forecast_steps = sum(r.forecast_steps or 0 for r in rs)
+        if forecast_steps:
+            predicted_hw = sum(r.forecast_tokens or 0 for r in rs) / forecast_steps
+        base_decode, decode = decode_tps.get((task, "baseline", temperature)), decode_tps[(task, label, temperature)]
         greedy = [r for r in rs if r.identical is not None]
         rows.append(Row(
             task=task, method=label, temperature=temperature, runs=len(rs), new_tokens=sum(r.new_tokens for r in rs),
@@ -68,12 +75,21 @@ def aggregate(runs: Sequence[Run], profile: Profile | None = None) -> list[Row]:
             nodes_per_draft=proposed / drafts if drafts else None,
             depth_per_draft=sum(r.accepted or 0 for r in rs) / drafts if drafts else None,
             alpha=alpha, cost_ratio=cost, predicted_speedup=predicted, predicted_speedup_hw=predicted_hw,
+            decode_speedup=decode / base_decode if decode and base_decode else None,
             identical=f"{sum(r.identical for r in greedy)}/{len(greedy)}" if greedy and temperature == 0 else None,
         ))
     order = {t: i for i, t in enumerate(dict.fromkeys(r.task for r in runs))}
     order[OVERALL] = len(order)
     rows.sort(key=lambda r: (r.temperature, order[r.task], r.method != "baseline", r.method))
     return rows
+
+
+def _decode_rate(runs: Sequence[Run]) -> float | None:
+    """Tokens per second after each run's first token (None where runs did not time their prefill)."""
+    if any(r.prefill_seconds is None for r in runs):
+        return None
+    seconds = sum(r.wall_seconds - r.prefill_seconds for r in runs)
+    return sum(r.new_tokens - 1 for r in runs) / seconds if seconds > 0 else None
 
 
 def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
@@ -83,8 +99,8 @@ def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
 def markdown(rows: Sequence[Row]) -> str:
     lines = [
         "| task | method | temp | runs | tokens | tokens/s | speedup | tokens/call | nodes/draft | depth/draft "
-        "| alpha | c | predicted (paper) | predicted (T(k)) | identical |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| alpha | c | predicted (paper) | predicted (T(k)) | decode speedup | identical |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
@@ -92,6 +108,7 @@ def markdown(rows: Sequence[Row]) -> str:
             f"| {r.speedup:.2f}x | {_fmt(r.tokens_per_call)} | {_fmt(r.nodes_per_draft)} | {_fmt(r.depth_per_draft)} "
             f"| {_fmt(r.alpha)} | {_fmt(r.cost_ratio, '.3f')} "
             f"| {_fmt(r.predicted_speedup, '.2f', 'x')} | {_fmt(r.predicted_speedup_hw, '.2f', 'x')} "
+            f"| {_fmt(r.decode_speedup, '.2f', 'x')} "
             f"| {r.identical or '-'} |"
         )
     return "\n".join(lines) + "\n"

@@ -48,6 +48,9 @@ class Run:
     beta_count: int | None = None
     draft_seconds: float | None = None
     target_seconds: float | None = None
+    prefill_seconds: float | None = None  # until the first token (the prompt's forward)
+    forecast_tokens: float | None = None  # the cost model's expectations (Stats.forecast_*)
+    forecast_steps: float | None = None
     identical: bool | None = None  # greedy only: same tokens as the baseline
     tokens: list[int] = field(default_factory=list, repr=False)
     timeline: list[tuple[float, float, int, int]] | None = field(default=None, repr=False)  # (draft s, target s, proposed, emitted)
@@ -137,7 +140,8 @@ def run_one(target, prompt: Prompt, ids: list[int], method: Method, params: Samp
     return Run(**base, new_tokens=stats.new_tokens, wall_seconds=stats.wall_seconds, target_calls=stats.target_calls,
                drafts=stats.drafts, proposed=stats.proposed, accepted=stats.accepted, beta_sum=stats.beta_sum,
                beta_count=stats.beta_count, draft_seconds=stats.draft_seconds, target_seconds=stats.target_seconds,
-               tokens=stats.tokens, timeline=timeline if keep_timeline else None)
+               prefill_seconds=stats.prefill_seconds, forecast_tokens=stats.forecast_tokens,
+               forecast_steps=stats.forecast_steps, tokens=stats.tokens, timeline=timeline if keep_timeline else None)
 
 
 def run_benchmark(target, prompts: Sequence[Prompt], suite, temperatures: Sequence[float], max_new_tokens: int,
