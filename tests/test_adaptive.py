@@ -49,6 +49,10 @@ def test_the_stream_sums_the_forecasts_of_the_calls_the_model_planned():
     assert steps[0].forecast is None  # the prefill is not planned
     assert all(s.forecast is not None and s.forecast[0] >= 1 and s.forecast[1] >= 1 for s in steps[1:])
     assert any(s.forecast[0] > 1 for s in steps[1:])
+    lookup = list(speculative_decode(target, PromptLookupDrafter(), [1, 2, 3], gamma=AdaptiveGamma(curve, prior_alpha=0.9),
+                                     params=SamplingParams(temperature=0), max_new_tokens=40))
+    empty = [s for s in lookup[1:] if not s.proposed]  # planned, but the lookup found nothing to copy
+    assert empty and all(s.forecast == (1.0, 1.0) for s in empty)
     fixed = list(speculative_decode(target, ModelDrafter(draft), [1, 2, 3], gamma=2,
                                     params=SamplingParams(temperature=0), max_new_tokens=10))
     assert all(s.forecast is None for s in fixed)  # a fixed gamma predicts nothing

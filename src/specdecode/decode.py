@@ -193,6 +193,8 @@ class Decoding:
             draft = draft.prefix(policy.tree_size(draft.reach, room))
             draft = draft if draft.gamma else NO_DRAFT
         forecast = getattr(policy, "forecast", None) if not prefill and gamma is None else None
+        if forecast is not None and not draft.gamma:  # the drafter found nothing to propose: a plain step
+            forecast = (1.0, 1.0)
         if shadow_draft is not None:
             shadow_draft = shadow_draft.chain()
 
