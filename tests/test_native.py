@@ -2,6 +2,7 @@
 exact rollback, greedy identity of speculative decoding, and losslessness on the real model."""
 
 import os
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -96,6 +97,17 @@ def test_auto_runs_4_bit_weights_as_4_bit_and_anything_else_in_bf16(tmp_path):
     assert (a - b).abs().max() < 0.05 * b.abs().max() and torch.equal(a.argmax(-1), b.argmax(-1))
 
 
+@contextmanager
+def forced_path(path: str):
+    """$SPECDECODE_KERNELS set to `path` inside the block, restored after it."""
+    before = os.environ.get(plan.ENV)
+    os.environ[plan.ENV] = path
+    try:
+        yield
+    finally:
+        os.environ.pop(plan.ENV) if before is None else os.environ.__setitem__(plan.ENV, before)
+
+
 def _variants():
     """(test id, kernel path, --dtype) of every configuration this host runs: both 4-bit precisions on
     each kernel path (8-bit activations where the path has vector integer dot products: the portable
@@ -104,7 +116,8 @@ def _variants():
     float32 id."""
     c_paths = [p for p in plan.runnable_paths() if p != "torch"]
     best = c_paths[0] if c_paths else "torch"
-    wide = str(activation_dtype()).removeprefix("torch.")
+    with forced_path(best):  # whatever $SPECDECODE_KERNELS says outside
+        wide = str(activation_dtype()).removeprefix("torch.")
     return ([(f"{path}-int4", path, "int4") for path in c_paths]
             + [(f"{path}-w4a8", path, "w4a8") for path in c_paths if path != "portable"]
             + [(f"{best}-{wide}", best, "bfloat16"), ("torch-int4", "torch", "auto")])
@@ -117,12 +130,8 @@ def load_on_path(path: str, dtype: str):
     """The embedded target with the kernel path forced as $SPECDECODE_KERNELS forces it."""
     from specdecode.models.load import load_model
 
-    before = os.environ.get(plan.ENV)
-    os.environ[plan.ENV] = path
-    try:
+    with forced_path(path):
         model = load_model(None, backend="native", dtype=dtype)
-    finally:
-        os.environ.pop(plan.ENV) if before is None else os.environ.__setitem__(plan.ENV, before)
     assert model.kernels.plan.path == path
     return model
 
