@@ -1,7 +1,6 @@
 """The native PyTorch Llama backend: its products' batch invariance, agreement with transformers,
 exact rollback, greedy identity of speculative decoding, and losslessness on the real model."""
 
-import os
 from contextlib import contextmanager
 
 import pytest
@@ -100,12 +99,9 @@ def test_auto_runs_4_bit_weights_as_4_bit_and_anything_else_in_bf16(tmp_path):
 @contextmanager
 def forced_path(path: str):
     """$SPECDECODE_KERNELS set to `path` inside the block, restored after it."""
-    before = os.environ.get(plan.ENV)
-    os.environ[plan.ENV] = path
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(plan.ENV, path)
         yield
-    finally:
-        os.environ.pop(plan.ENV) if before is None else os.environ.__setitem__(plan.ENV, before)
 
 
 def _variants():
