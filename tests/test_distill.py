@@ -12,8 +12,8 @@ from specdecode.cli import main
 from specdecode.distill.data import Corpus
 from specdecode.distill.train import choose_kept_ids, kept_coverage, train
 from specdecode.models.base import Vocabulary
-from specdecode.models.draftnet import (DraftNet, DraftNetCache, DraftNetConfig, DraftNetModel, load_draftnet,
-                                        save_draftnet)
+from specdecode.models.draftnet import (DraftNet, DraftNetCache, DraftNetConfig, DraftNetModel, Int8Linear,
+                                        load_draftnet, save_draftnet)
 from specdecode.models.load import load_model
 from test_lossless import whole_sequence_pvalue
 
@@ -61,6 +61,50 @@ def test_model_wrapper_gives_minus_infinity_outside_the_kept_vocabulary():
     outside = torch.ones(100, dtype=torch.bool)
     outside[0:60:2] = False
     assert torch.isneginf(logits[..., outside]).all()
+
+
+def test_int8_linear_is_close_to_the_float_product_and_refuses_shapes_its_kernel_does_not_serve():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48, bias=False)
+    int8 = Int8Linear.quantize(linear)
+    assert int8 is not None and int8.q.dtype == torch.int8 and int8.q.shape == (48, 64)
+    x = torch.randn(2, 5, 64)
+    with torch.no_grad():
+        expected = linear(x)
+    got = int8(x)
+    assert got.shape == (2, 5, 48) and got.dtype == torch.float32
+    assert (got - expected).abs().max() < 0.02 * expected.abs().max()
+    assert Int8Linear.quantize(torch.nn.Linear(48, 16, bias=False)) is None  # its kernel needs in % 16 (we ask 32)
+    assert Int8Linear.quantize(torch.nn.Linear(64, 16, bias=True)) is None
+
+
+def test_int8_draft_quantises_a_copy_and_follows_the_float_one():
+    net = tiny_net()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    int8 = DraftNetModel(net, None, "toy", Vocabulary("toy", 100, "f"), [0], weights="int8")
+    floats = DraftNetModel(net, None, "toy", Vocabulary("toy", 100, "f"), [0], weights="float")
+    quantised = [m for m in int8.net.modules() if isinstance(m, Int8Linear)]
+    assert len(quantised) == 2 * 3 + 1  # qkv, out, gate_up per layer and the head (in 32); down (48), embed_proj (16) stay
+    assert all(isinstance(m, torch.nn.Linear) for m in (net.head, net.layers[0].qkv))  # the caller's net untouched
+    assert all(torch.equal(v, before[k]) for k, v in net.state_dict().items())
+    x = torch.randint(0, 100, (1, 9))
+    a = int8.forward(x, int8.new_cache())
+    b = floats.forward(x, floats.new_cache())
+    kept = torch.isfinite(b)
+    assert torch.equal(torch.isfinite(a), kept)
+    assert (a[kept] - b[kept]).abs().max() < 0.05 * b[kept].abs().max()
+    assert int8.weights == "int8" and floats.weights == "float"
+
+
+def test_auto_draft_weights_are_float_where_pytorchs_kernels_are_not_vectorised(monkeypatch):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+    model = DraftNetModel(tiny_net(), None, "toy", Vocabulary("toy", 100, "f"), [0])
+    assert model.weights == "float" and not any(isinstance(m, Int8Linear) for m in model.net.modules())
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    model = DraftNetModel(tiny_net(), None, "toy", Vocabulary("toy", 100, "f"), [0])
+    assert model.weights == "int8" and any(isinstance(m, Int8Linear) for m in model.net.modules())
+    with pytest.raises(ValueError, match="auto, int8, float"):
+        DraftNetModel(tiny_net(), None, "toy", Vocabulary("toy", 100, "f"), [0], weights="int4")
 
 
 def test_a_reduced_vocabulary_draft_keeps_the_target_distribution_exact():

@@ -13,6 +13,7 @@ tokens), `model.safetensors` (weights and kept_ids) and the target's tokenizer f
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -137,7 +138,7 @@ class DraftNet(nn.Module):
         T = tokens.shape[1]
         past = len(cache) if cache is not None else 0
         angles = torch.outer(torch.arange(past, past + T, dtype=torch.float32), self.inv_freq)  # [T, hd/2]
-        dtype = self.embed_proj.weight.dtype
+        dtype = self.norm.weight.dtype  # the stream's (products may run in int8)
         cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
         mask = self._mask(past, T, tokens.device)
         x = self.embed_proj(self.embed(tokens))
@@ -162,22 +163,82 @@ class DraftNet(nn.Module):
         return self.head(self.hidden(tokens, cache))
 
 
-class DraftNetModel:
-    """A DraftNet behind the model protocol: full-vocabulary logits, -inf outside kept_ids."""
+class Int8Linear(nn.Module):
+    """y = x W^T with W held as int8, one scale per output (w = scale * q, q in -127..127): a quarter
+    of float32's bytes, which a draft step on a CPU is bound by (its weights are evicted from the
+    caches by every target step). PyTorch's weight-only int8 kernel with bf16 activations; float32
+    in and out. `quantize` returns None where the kernel does not serve the shape (it needs the input
+    width a multiple of 16: measured, others gave wrong sums or crashed) or does not reproduce the
+    dequantised product on a probe input to within 2% of its scale."""
 
-    def __init__(self, net: DraftNet, tokenizer, name: str, vocab: Vocabulary, eos_token_ids) -> None:
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor) -> None:  # q [out, in] int8; scale [out] bf16
+        super().__init__()
+        self.register_buffer("q", q)
+        self.register_buffer("scale", scale)
+
+    @classmethod
+    def quantize(cls, linear: nn.Linear) -> Int8Linear | None:
+        w = linear.weight.detach().float()  # [out, in]
+        if linear.bias is not None or w.shape[1] % 32 or w.device.type != "cpu":
+            return None
+        scale = (w.abs().amax(1) / 127).clamp_min(1e-12).bfloat16()
+        q = (w / scale.float()[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+        layer = cls(q, scale)
+        probe = torch.randn(4, w.shape[1], generator=torch.Generator().manual_seed(0))
+        expected = probe.bfloat16().float() @ (q.float() * scale.float()[:, None]).T
+        if (layer(probe) - expected).abs().max() > 0.02 * expected.abs().max():
+            return None
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        y = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]).bfloat16(), self.q, self.scale)
+        return y.view(*x.shape[:-1], -1).to(x.dtype)
+
+
+def quantize_linears(net: nn.Module) -> int:
+    """Replace every nn.Linear of `net` that `Int8Linear` serves, in place: how many were."""
+    done = 0
+    for module in list(net.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear) and (int8 := Int8Linear.quantize(child)) is not None:
+                setattr(module, name, int8)
+                done += 1
+    return done
+
+
+class DraftNetModel:
+    """A DraftNet behind the model protocol: full-vocabulary logits, -inf outside kept_ids.
+
+    weights: "int8" (on a CPU) runs the products on int8 copies of the weights (`Int8Linear`);
+    "float" keeps the net's own; "auto" (the default) is int8 where PyTorch's CPU kernels are built
+    for AVX2 or AVX-512 (its unvectorised int8 kernel was 7x slower than float32 for a draft layer:
+    ATEN_CPU_CAPABILITY=default), else float. Measured with the shipped SmolLM2 draft inside the
+    decode loop (2-core AMD EPYC, gamma 2): 2.4 ms a proposal against 5.7 in float32 and 4.3 with
+    the bf16 output head it had before, at the same alpha (0.268, 0.257, 0.269:
+    benchmarks/results/draft_weights.md)."""
+
+    WEIGHTS = ("auto", "int8", "float")
+
+    def __init__(self, net: DraftNet, tokenizer, name: str, vocab: Vocabulary, eos_token_ids,
+                 weights: str = "auto") -> None:
+        if weights not in self.WEIGHTS:
+            raise ValueError(f"draft weights are {', '.join(self.WEIGHTS)}, not {weights!r}")
         self.net = net.eval()
-        if next(net.parameters()).device.type == "cpu":
-            # The output head is most of the weights read per step; in bf16 a step takes ~0.6x the
-            # time on a CPU (memory traffic), and its argmax agrees with fp32's ~99.5% of the time.
-            net.head.to(torch.bfloat16)
+        self.dtype = next(net.parameters()).dtype
+        self.device = next(net.parameters()).device
+        if weights == "auto":
+            weights = "int8" if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else "float"
+        if self.device.type != "cpu":
+            weights = "float"  # the int8 kernel is PyTorch's CPU one
+        if weights == "int8":
+            self.net = copy.deepcopy(net)  # the caller's net keeps its float weights
+            quantize_linears(self.net)
+        self.weights = weights
         self.tokenizer = tokenizer
         self.name = name
         self.vocab = vocab
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_positions = None  # the sliding window bounds attention, not the position
-        self.dtype = next(net.parameters()).dtype
-        self.device = next(net.parameters()).device
         self.n_vocab = net.cfg.vocab_size
 
     def new_cache(self) -> DraftNetCache:
@@ -189,14 +250,14 @@ class DraftNetModel:
         h = self.net.hidden(tokens.to(self.device), cache)
         if num_logits:
             h = h[:, -num_logits:]
-        kept = self.net.head(h.to(self.net.head.weight.dtype)).float()  # [B, T', V']
+        kept = self.net.head(h).float()  # [B, T', V']
         logits = kept.new_full((*kept.shape[:2], self.n_vocab), float("-inf"))
         logits[..., self.net.kept_ids] = kept
         return logits.cpu()
 
     def __repr__(self) -> str:
         cfg = self.net.cfg
-        return f"DraftNetModel({self.name}, {cfg.layers} layers x {cfg.dim}, {cfg.kept} output tokens)"
+        return f"DraftNetModel({self.name}, {cfg.layers} layers x {cfg.dim}, {cfg.kept} output tokens, {self.weights} weights)"
 
 
 def save_draftnet(directory: str | os.PathLike, net: DraftNet, tokenizer, vocab: Vocabulary, eos_token_ids,
@@ -218,8 +279,9 @@ def is_draftnet(path: str | os.PathLike) -> bool:
     return (Path(path) / CONFIG_FILE).is_file()
 
 
-def load_draftnet(directory: str | os.PathLike, dtype: str = "float32", device: str | None = None) -> DraftNetModel:
-    """Load a draft directory written by `save_draftnet`."""
+def load_draftnet(directory: str | os.PathLike, dtype: str = "float32", device: str | None = None,
+                  weights: str = "auto") -> DraftNetModel:
+    """Load a draft directory written by `save_draftnet`; `weights` as `DraftNetModel` takes them."""
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
@@ -241,7 +303,7 @@ def load_draftnet(directory: str | os.PathLike, dtype: str = "float32", device: 
     if found.fingerprint != vocab.fingerprint:
         raise ValueError(f"{str(directory)!r}: its tokenizer files do not match the vocabulary it was trained on "
                          f"({found.fingerprint} vs {vocab.fingerprint}); the directory is damaged")
-    return DraftNetModel(net, tokenizer, directory.name, vocab, saved["eos_token_ids"])
+    return DraftNetModel(net, tokenizer, directory.name, vocab, saved["eos_token_ids"], weights=weights)
 
 
 def param_count(net: nn.Module) -> int:

@@ -72,8 +72,8 @@ def _load(path: str | None, backend: str, dtype: str, device: str | None, thread
         return _measured_choice(Path(path).expanduser(), threads, n_ctx, measure_again)
     from .draftnet import is_draftnet, load_draftnet
 
-    # A trained draft network runs on PyTorch whatever the backend, in float32 (its wrapper keeps
-    # only the output head in bf16 on a CPU: the precision is chosen there, not by --dtype).
+    # A trained draft network runs on PyTorch whatever the backend, its products on int8 copies of its
+    # weights on a CPU (DraftNetModel chooses the precision, not --dtype).
     draftnet = is_draftnet(path)
     if backend == "llama.cpp" and not draftnet:
         from .llamacpp import LlamaCppModel
