@@ -229,14 +229,18 @@ def test_models_health_and_metrics(server, client):
     with urllib.request.urlopen(server[0] + "/health") as response:
         health = json.load(response)
     assert health["status"] == "ok" and health["drafts"] == ["lookup", "trained"]
-    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}], temperature=0,
-                                   max_tokens=8)
+    assert post(server[0], "/v1/chat/completions", chat(temperature=-1))[0] == 400  # counted below
+    # an answer that copies its prompt, at a fixed gamma: speculation must run and be accepted whatever ran
+    # before this test and whatever the cost model would make of this host's timings
+    client.chat.completions.create(model=MODEL, temperature=0, max_tokens=16, extra_body={"specdecode": {"gamma": 4}},
+                                   messages=[{"role": "user", "content": "Repeat exactly: one two three four five six "
+                                                                         "seven eight nine ten eleven twelve"}])
     with urllib.request.urlopen(server[0] + "/metrics") as response:
         text = response.read().decode()
     values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
               if line and not line.startswith("#")}
     assert values["specdecode_spec_decode_num_draft_tokens_total"] >= values["specdecode_spec_decode_num_accepted_tokens_total"]
-    assert values["specdecode_generation_tokens_total"] >= 8
+    assert values["specdecode_generation_tokens_total"] >= 16
     assert values['specdecode_spec_decode_num_accepted_tokens_per_pos_total{position="0"}'] >= 1
     assert values["specdecode_time_to_first_token_seconds_count"] >= 1
     assert 'specdecode_requests_total{endpoint="/v1/chat/completions",status="400"}' in values
