@@ -138,3 +138,29 @@ def test_bad_settings_are_refused_by_name():
         SuffixCache(max_nodes=0)
     with pytest.raises(ValueError, match="suffix depth must be >= 2"):
         SuffixDrafter(depth=1)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_indexing_pauses_the_garbage_collector_and_restores_it_as_it_was(enabled, monkeypatch):
+    import gc
+
+    from specdecode.drafters import suffix
+
+    states = []
+    real_extend = SuffixTrie.extend
+    monkeypatch.setattr(SuffixTrie, "extend", lambda self, ends, token: (states.append(gc.isenabled()),
+                                                                         real_extend(self, ends, token))[1])
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        cache = SuffixCache()
+        drafter = SuffixDrafter(cache)
+        assert proposal(drafter, [1, 2, 3, 1, 2]) == [3, 1]
+        assert gc.isenabled() == enabled
+        with pytest.raises(RuntimeError):  # restored on the way out of an error too
+            with suffix.gc_paused():
+                raise RuntimeError
+        assert gc.isenabled() == enabled
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert states and not any(states)  # every node added (local and shared tries) with the collector off

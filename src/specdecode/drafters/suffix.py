@@ -13,11 +13,12 @@ back and emptied nodes deleted.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import threading
 from collections import deque
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Sequence
 
 import torch
@@ -149,6 +150,23 @@ class SuffixTrie:
         return tokens, parents, reach
 
 
+@contextmanager
+def gc_paused():
+    """Python's cyclic garbage collector off while a trie grows (restored as it was after).
+
+    Every node is a tracked container, so indexing a prompt sets off collections that walk every
+    tracked object in the process (the loaded models' included): measured, a 700-token prompt took
+    96 ms to index with the collector on and 3.9 ms with it off. Tries hold no reference cycles
+    the collector would have to find: their nodes are freed by reference counting."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _size(node: Node) -> int:
     return 1 + sum(_size(child) for child in node.children.values())
 
@@ -246,6 +264,10 @@ class SuffixDrafter:
             self._shared_ends = self.cache.match(prompt)
 
     def _update(self, context: Sequence[int]) -> None:
+        with gc_paused():
+            self._index(context)
+
+    def _index(self, context: Sequence[int]) -> None:
         seen, T = self._seen, len(self._seen)
         if len(context) < T or any(context[i] != seen[i] for i in {0, T // 2, T - 1} if T):
             self._forget()  # not a continuation (as far as three spot checks tell): index it from scratch
