@@ -40,6 +40,18 @@ def test_online_counts_learn_from_the_context():
     assert drafter.propose([4, 2, 4, 2, 4], 1).tokens.tolist() == [[2]]  # learned 4 -> 2 from the context
 
 
+def test_distributions_read_before_online_counts_grow_are_not_reused_after():
+    drafter = NgramDrafter(VOCAB, order=2, online=True)
+    drafter.reset(SamplingParams(temperature=1), torch.Generator().manual_seed(0))
+    context = [4, 2, 4, 2, 4]
+    drafter.propose(context, 1)
+    context += [3, 4, 3, 4, 3, 4, 3, 4]  # now 4 -> 3 four times, 4 -> 2 twice
+    drafter.propose(context, 1)
+    fresh = NgramDrafter(VOCAB, order=2).fit([context])
+    for tail in ([4], [2], [3], [0]):
+        assert torch.allclose(drafter.distribution(tail), fresh.distribution(tail))
+
+
 def test_save_and_load_round_trip(tmp_path):
     drafter = NgramDrafter(VOCAB, order=3).fit([[0, 1, 2, 3, 4, 0, 1, 2]])
     path = drafter.save(tmp_path / "tri.npz")

@@ -49,6 +49,9 @@ class NgramDrafter:
         self.width = width
         # counts[n][context tuple of length n] -> Counter(next token); n = 0..order-1
         self.counts: list[dict[tuple[int, ...], Counter]] = [defaultdict(Counter) for _ in range(order)]
+        # (n, context) -> (next-token ids, their relative frequencies), built from counts when first
+        # read and dropped when they change: the unigram's alone holds thousands of ids
+        self._estimates: dict[tuple[int, tuple[int, ...]], tuple[torch.Tensor, torch.Tensor]] = {}
         self._counted = 0  # context tokens already added online
         self.params = SamplingParams()
         self.generator = None
@@ -66,7 +69,9 @@ class NgramDrafter:
                 raise ValueError(f"token id {seq[i]} is outside the vocabulary ({self.vocab.size} ids)")
             for n in range(self.order):
                 if i - n >= 0:
-                    self.counts[n][tuple(seq[i - n : i])][seq[i]] += 1
+                    key = tuple(seq[i - n : i])
+                    self.counts[n][key][seq[i]] += 1
+                    self._estimates.pop((n, key), None)
 
     # -- the draft distribution --------------------------------------------------------------
     def distribution(self, context: Sequence[int]) -> torch.Tensor:
@@ -80,13 +85,20 @@ class NgramDrafter:
             if not counter:
                 missing += weight  # unseen context: its weight goes to the lower orders
                 continue
-            ids = torch.tensor(list(counter.keys()))
-            freq = torch.tensor(list(counter.values()), dtype=torch.float32)
-            q.index_add_(0, ids, (weight + missing) * freq / freq.sum())
+            ids, freq = self._estimate(n, key, counter)
+            q.index_add_(0, ids, (weight + missing) * freq)
             missing = 0.0
         if missing:
             q += missing / self.vocab.size
         return q
+
+    def _estimate(self, n: int, key: tuple[int, ...], counter: Counter) -> tuple[torch.Tensor, torch.Tensor]:
+        """The maximum-likelihood estimate after `key` (order n): ids [k] and frequencies [k] summing to 1."""
+        found = self._estimates.get((n, key))
+        if found is None:
+            freq = torch.tensor(list(counter.values()), dtype=torch.float32)
+            found = self._estimates[(n, key)] = (torch.tensor(list(counter.keys())), freq / freq.sum())
+        return found
 
     def _q(self, context: Sequence[int]) -> torch.Tensor:
         """The draft distribution under the sampling settings, the same transform as p: [V]."""
