@@ -64,7 +64,11 @@ def test_estimates_follow_what_is_observed():
         policy.observe([0.0, 0.0], verified=3, target_seconds=0.02, draft_seconds=0.002, drafted=2)
     assert policy.alpha < 0.01 and policy.step_seconds == pytest.approx(0.02)
     assert policy.cost_ratio == pytest.approx(0.05, rel=0.01)
-    assert policy.choose(10) == 0 and policy.shadow()  # cheap drafter: scored every iteration
+    assert policy.choose(10) == 0
+    # probes cost at most shadow_budget (0.02) of a step on average: every ceil(c / 0.02) iterations
+    assert [policy.shadow() for _ in range(30)].count(True) == 10  # c = 0.05: every third
+    policy.cost_ratio = 0.01  # as cheap as prompt lookup: every iteration
+    assert all(policy.shadow() for _ in range(10))
     policy.cost_ratio = 0.5  # a costly drafter is scored only every probe_every iterations
     assert [policy.shadow() for _ in range(32)].count(True) == 2
 
@@ -166,6 +170,6 @@ def test_fresh_keeps_the_cost_model_and_resets_the_estimates():
     assert (fresh.alpha, fresh.cost_ratio, fresh.step_seconds) == (0.6, 0.05, None)
     assert template.alpha != 0.6
     for name in ("verify_ratios", "max_gamma", "decay", "position_cost", "profile_context", "probe_every",
-                 "shadow_cost_limit"):
+                 "shadow_budget"):
         assert getattr(fresh, name) == getattr(template, name)
     assert [fresh.verify_cost(k) for k in range(1, 6)] == [template.verify_cost(k) for k in range(1, 6)]

@@ -83,7 +83,7 @@ class AdaptiveGamma:
     """
 
     def __init__(self, verify_ratios: Sequence[float], max_gamma: int = 8, prior_alpha: float = 0.5,
-                 prior_cost: float = 0.0, decay: float = 0.9, shadow_cost_limit: float = 0.2,
+                 prior_cost: float = 0.0, decay: float = 0.9, shadow_budget: float = 0.02,
                  probe_every: int = 16, position_cost: float = 0.0, profile_context: int = 256) -> None:
         if max_gamma < 1:
             raise ValueError(f"max_gamma must be >= 1, got {max_gamma}")
@@ -100,7 +100,7 @@ class AdaptiveGamma:
         self.alpha = prior_alpha
         self.cost_ratio = prior_cost
         self.decay = decay
-        self.shadow_cost_limit = shadow_cost_limit
+        self.shadow_budget = shadow_budget
         self.probe_every = probe_every
         self._since_shadow = 0
         self._iterations = 0
@@ -116,7 +116,7 @@ class AdaptiveGamma:
         """The same cost model (curve, bounds, priors) with its running estimates back at the priors:
         one for each new request, from a target's measured template."""
         return AdaptiveGamma(self.verify_ratios, self.max_gamma, *self._priors, decay=self.decay,
-                             shadow_cost_limit=self.shadow_cost_limit, probe_every=self.probe_every,
+                             shadow_budget=self.shadow_budget, probe_every=self.probe_every,
                              position_cost=self.position_cost, profile_context=self.profile_context)
 
     def verify_cost(self, k: int) -> float:
@@ -158,10 +158,13 @@ class AdaptiveGamma:
         return gamma, gamma == 0 and room > 0 and self.shadow()
 
     def shadow(self) -> bool:
-        """Whether to score the drafter while speculation is off: every iteration if that is cheap,
-        else every `probe_every` iterations, so a stale estimate of alpha or c can still recover."""
+        """Whether to score the drafter while speculation is off. A probe costs c (`cost_ratio`) of a
+        step and buys one fresh sample of alpha, so the drafter is probed every ceil(c /
+        shadow_budget) iterations (every one for a drafter as cheap as prompt lookup) and at least
+        every `probe_every`: the probes cost at most `shadow_budget` of a step on average (c /
+        probe_every for a costlier drafter), and a stale estimate of alpha or c still recovers."""
         self._since_shadow += 1
-        if self.cost_ratio <= self.shadow_cost_limit or self._since_shadow >= self.probe_every:
+        if self._since_shadow * self.shadow_budget >= self.cost_ratio or self._since_shadow >= self.probe_every:
             self._since_shadow = 0
             return True
         return False
