@@ -45,8 +45,8 @@ def main():
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--gamma", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--rounds", type=int, default=2, help="each precision runs every prompt this many times, "
-                                                             "alternating with the other")
+    ap.add_argument("--rounds", type=int, default=2, help="each variant runs every prompt this many times, "
+                                                             "the variants in turn")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -63,7 +63,7 @@ def main():
     for temperature in (0.0, 1.0):
         for _ in range(args.rounds):
             for prompt in prompts:
-                for weights, draft in drafts.items():  # alternating: both see the same machine state
+                for weights, draft in drafts.items():  # in turn: all see the same machine state
                     t = totals[weights]
                     for step in speculative_decode(target, ModelDrafter(draft), prompt, gamma=args.gamma,
                                                    params=SamplingParams(temperature=temperature),

@@ -167,9 +167,9 @@ class Int8Linear(nn.Module):
     """y = x W^T with W held as int8, one scale per output (w = scale * q, q in -127..127): a quarter
     of float32's bytes, which a draft step on a CPU is bound by (its weights are evicted from the
     caches by every target step). PyTorch's weight-only int8 kernel with bf16 activations; float32
-    in and out. `quantize` returns None where the kernel does not serve the shape (it needs the input
-    width a multiple of 16: measured, others gave wrong sums or crashed) or does not reproduce the
-    dequantised product on a probe input to within 2% of the largest output."""
+    in and out. `quantize` returns None where the kernel may not serve the shape (input widths not a
+    multiple of 16 gave wrong sums or crashed, measured; it asks for a multiple of 32) or does not
+    reproduce the dequantised product on a probe input to within 2% of the largest output."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor) -> None:  # q [out, in] int8; scale [out] bf16
         super().__init__()
