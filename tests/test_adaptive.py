@@ -1,5 +1,7 @@
 """Adaptive gamma: the cost model's choices, and that adapting keeps decoding lossless."""
 
+import math
+
 import pytest
 import torch
 
@@ -7,7 +9,7 @@ from specdecode import ModelDrafter, PromptLookupDrafter, SamplingParams, autore
 from specdecode.formulas import optimal_gamma
 from specdecode.gamma import AdaptiveGamma
 from stats import chi2_pvalue
-from toy import ToyModel, sequence_distribution
+from toy import SimulatedClock, ToyModel, sequence_distribution
 
 FREE = [0.0] + [1.0] * 17  # verification as free as the paper assumes
 LINEAR = [0.0] + [float(k) for k in range(1, 18)]  # verifying k tokens costs k steps: never worth it
@@ -41,16 +43,17 @@ def test_each_plan_records_what_it_expects_of_its_call():
 
 
 def test_the_stream_sums_the_forecasts_of_the_calls_the_model_planned():
-    target = ToyModel(6, seed=11, delay=0.002)
-    draft = ToyModel(6, seed=12, scale=0.7, base=target)
+    clock = SimulatedClock()
+    target = ToyModel(6, seed=11, delay=0.002, clock=clock)
+    draft = ToyModel(6, seed=12, scale=0.7, base=target, delay=0.0001, clock=clock)
     curve = [0.0, 1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12, 1.14]
     steps = list(speculative_decode(target, ModelDrafter(draft), [1, 2, 3], gamma=AdaptiveGamma(curve),
-                                    params=SamplingParams(temperature=0), max_new_tokens=40))
+                                    params=SamplingParams(temperature=0), max_new_tokens=40, clock=clock))
     assert steps[0].forecast is None  # the prefill is not planned
     assert all(s.forecast is not None and s.forecast[0] >= 1 and s.forecast[1] >= 1 for s in steps[1:])
     assert any(s.forecast[0] > 1 for s in steps[1:])
     lookup = list(speculative_decode(target, PromptLookupDrafter(), [1, 2, 3], gamma=AdaptiveGamma(curve, prior_alpha=0.9),
-                                     params=SamplingParams(temperature=0), max_new_tokens=40))
+                                     params=SamplingParams(temperature=0), max_new_tokens=40, clock=clock))
     empty = [s for s in lookup[1:] if not s.proposed]  # planned, but the lookup found nothing to copy
     assert empty and all(s.forecast == (1.0, 1.0) for s in empty)
     fixed = list(speculative_decode(target, ModelDrafter(draft), [1, 2, 3], gamma=2,
@@ -74,22 +77,34 @@ def test_estimates_follow_what_is_observed():
 
 
 def test_speculation_switches_off_when_it_cannot_win_and_back_on_when_it_can():
-    target = ToyModel(6, seed=31, delay=0.004)  # a target step costs far more than a draft step
-    draft = ToyModel(6, seed=32, scale=0.3, base=target)  # a good draft
+    # simulated time: a target call costs 4 ms, a draft forward 0.2 ms (c about 0.05), on any machine
+    clock = SimulatedClock()
+    target = ToyModel(6, seed=31, delay=0.004, clock=clock)
+    draft = ToyModel(6, seed=32, scale=0.3, base=target, delay=0.0002, clock=clock)  # a good draft
     greedy = SamplingParams(temperature=0)
-    off = list(speculative_decode(target, ModelDrafter(draft), [0], gamma=AdaptiveGamma(LINEAR, prior_alpha=0.9),
-                                  params=greedy, max_new_tokens=40))
+    policy = AdaptiveGamma(LINEAR, prior_alpha=0.9)
+    off = list(speculative_decode(target, ModelDrafter(draft), [0], gamma=policy, params=greedy, max_new_tokens=40,
+                                  clock=clock))
     assert all(step.proposed == [] for step in off)
-    assert sum(len(step.betas) for step in off) >= 30  # shadow proposals were still scored
+    # shadow proposals were still scored, as often as the probe rule promises for the c it measured:
+    # every ceil(c / shadow_budget) calls (c rises from the prior 0 to the measured value, so the
+    # spacing only widens towards that bound)
+    assert 0.03 < policy.cost_ratio <= 0.1
+    probes = [i for i, step in enumerate(off) if step.betas]
+    spacing = math.ceil(policy.cost_ratio / policy.shadow_budget)
+    assert probes and probes[0] <= spacing and len(off) - 1 - probes[-1] < spacing
+    assert max(b - a for a, b in zip(probes, probes[1:])) <= spacing
+    assert len(probes) >= (len(off) - 1) // spacing
     on = list(speculative_decode(target, ModelDrafter(draft), [0], gamma=AdaptiveGamma(FREE, prior_alpha=0.0),
-                                 params=greedy, max_new_tokens=40))
+                                 params=greedy, max_new_tokens=40, clock=clock))
     assert on[0].proposed == [] and any(len(step.proposed) > 2 for step in on)  # starts off, learns, drafts
 
 
 @pytest.mark.parametrize("drafter", ["model", "lookup"])
 def test_adaptive_greedy_equals_plain_greedy(drafter):
-    target = ToyModel(6, seed=11, delay=0.002)  # a target step far dearer than a draft, whatever the machine
-    draft = ToyModel(6, seed=12, scale=0.7, base=target)
+    clock = SimulatedClock()
+    target = ToyModel(6, seed=11, delay=0.002, clock=clock)  # a target step far dearer than a draft
+    draft = ToyModel(6, seed=12, scale=0.7, base=target, delay=0.0001, clock=clock)
     greedy = SamplingParams(temperature=0)
     prompt = [1, 2, 3, 1, 2]
     expected = [t for s in autoregressive_decode(target, prompt, params=greedy, max_new_tokens=50) for t in s.tokens]
@@ -97,7 +112,8 @@ def test_adaptive_greedy_equals_plain_greedy(drafter):
     # verifying costs little here: the policy keeps drafting (and varying gamma) even for prompt lookup,
     # whose copies the toy target follows only by chance
     curve = [0.0, 1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12, 1.14]
-    steps = list(speculative_decode(target, d, prompt, gamma=AdaptiveGamma(curve), params=greedy, max_new_tokens=50))
+    steps = list(speculative_decode(target, d, prompt, gamma=AdaptiveGamma(curve), params=greedy, max_new_tokens=50,
+                                    clock=clock))
     assert [t for s in steps for t in s.tokens] == expected
     assert sum(s.num_accepted for s in steps) > 0 and len({len(s.proposed) for s in steps}) > 1  # it speculated, gamma varied
 

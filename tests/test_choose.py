@@ -1,28 +1,27 @@
 """`--backend auto` between engines: the one measured faster wins, the choice is cached, and the
 default gamma is the measured one."""
 
-import time
-
 import pytest
 import torch
 
 from specdecode.gamma import AdaptiveGamma, as_policy
 from specdecode.models import choose
-from toy import ToyModel
+from specdecode.models.profile import time_in_turns
+from toy import SimulatedClock, ToyModel
 
 
 class FakeEngine:
-    """A model whose forward over k tokens costs step * (1 + per_row (k - 1)) seconds."""
+    """A model whose forward over k tokens costs step * (1 + per_row (k - 1)) seconds on `clock`."""
 
-    def __init__(self, step: float, per_row: float) -> None:
-        self.step, self.per_row = step, per_row
+    def __init__(self, step: float, per_row: float, clock: SimulatedClock) -> None:
+        self.step, self.per_row, self.clock = step, per_row, clock
 
     def new_cache(self):
         return FakeCache()
 
     def forward(self, tokens, cache, num_logits=None):
         k = tokens.shape[1]
-        time.sleep(self.step * (1 + self.per_row * (k - 1)) if k <= 8 else 0)
+        self.clock.advance(self.step * (1 + self.per_row * (k - 1)) if k <= 8 else 0)
         cache.length += k
         return torch.zeros(1, num_logits or k, 4)
 
@@ -50,11 +49,14 @@ def test_the_faster_engine_is_chosen_once_and_remembered(tmp_path, monkeypatch):
         return load
 
     # slow: a 4 ms step whose rows cost little; fast: a 2 ms step whose every row costs a whole step
-    loaders = {"slow": loader("slow", FakeEngine(0.004, 0.05)), "fast": loader("fast", FakeEngine(0.002, 1.0))}
-    choice, model = choose.choose(model_file, 2, "kernels-a", loaders)
+    clock = SimulatedClock()
+    loaders = {"slow": loader("slow", FakeEngine(0.004, 0.05, clock)), "fast": loader("fast", FakeEngine(0.002, 1.0, clock))}
+    timer = lambda models: time_in_turns(models, choose.KS, choose.CONTEXT, choose.REPEATS, clock=clock)  # noqa: E731
+    choice, model = choose.choose(model_file, 2, "kernels-a", loaders, timer=timer)
     assert choice.backend == "fast" and model is loaders["fast"]() and loads == ["slow", "fast", "fast"]
     assert choice.rates["fast"] > choice.rates["slow"] and "measured fastest here: fast" in choice.reason
-    assert 1.7 < choice.step_ms["slow"] / choice.step_ms["fast"] < 2.5
+    assert choice.step_ms == pytest.approx({"slow": 4.0, "fast": 2.0})
+    assert choice.verify_8 == pytest.approx({"slow": 1.35, "fast": 8.0})
 
     def no_timing(models):
         raise AssertionError("a cached choice must not be measured again")

@@ -99,7 +99,7 @@ def test_the_shared_cache_stays_within_its_node_bound_and_forgets_exactly_what_i
 
 @pytest.mark.parametrize("trees", [False, True])
 def test_greedy_suffix_drafting_equals_plain_greedy_and_remembers_across_requests(trees):
-    target = ToyModel(6, seed=21, delay=0.001)
+    target = ToyModel(6, seed=21)
     accepted = {}
     for cache in (None, SuffixCache(depth=8)):
         for number, prompt in enumerate(([1, 2, 3], [1, 2, 3], [4, 2, 3])):  # the second repeats the first

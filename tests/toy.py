@@ -17,6 +17,20 @@ from specdecode.models.base import Vocabulary
 from specdecode.sampling import SamplingParams
 
 
+class SimulatedClock:
+    """A clock that only toy models move (each forward advances it by the model's `delay`), so the
+    costs a gamma policy measures are exact and the same on any machine, however fast or loaded."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 class ToyCache:
     def __init__(self) -> None:
         self.tokens: list[int] = []
@@ -37,14 +51,17 @@ class ToyModel:
     (a draft that resembles its target)."""
 
     def __init__(self, vocab_size: int = 3, seed: int = 0, scale: float = 1.5, base: "ToyModel | None" = None,
-                 eos_token_ids=(), name: str = "toy", delay: float = 0.0) -> None:
+                 eos_token_ids=(), name: str = "toy", delay: float = 0.0,
+                 clock: SimulatedClock | None = None) -> None:
         self.vocab_size, self.seed, self.scale, self.base = vocab_size, seed, scale, base
         self.name, self.device, self.tokenizer = name, "cpu", None
         self.vocab = Vocabulary.from_tokens(name, {f"<{i}>": i for i in range(vocab_size)})
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_positions = None
         self.calls = 0
-        self.delay = delay  # seconds per forward call, to give a target a realistic cost over its draft
+        # seconds per forward call, to give a target a realistic cost over its draft: on `clock` when
+        # given (exact on any host), else slept
+        self.delay, self.clock = delay, clock
         self._memo: dict[tuple[int, ...], torch.Tensor] = {}
 
     def logits_for(self, prefix: tuple[int, ...]) -> torch.Tensor:  # [V]
@@ -66,7 +83,9 @@ class ToyModel:
         """As the native backend: with `parents`, token t follows token parents[t] (or the cache
         where -1) and its logits are those of the cache's tokens plus its ancestors."""
         self.calls += 1
-        if self.delay:
+        if self.clock is not None:
+            self.clock.advance(self.delay)
+        elif self.delay:
             time.sleep(self.delay)
         out, start, tokens = [], len(cache.tokens), tokens[0].tolist()
         for t, token in enumerate(tokens):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -91,14 +91,17 @@ def speculative_decode(
     seed: int | None = None,
     generator: torch.Generator | None = None,
     eos_token_ids: Sequence[int] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Iterator[Step]:
     """Speculative decoding (Algorithm 1): each iteration drafts up to gamma tokens and verifies
     them in one target call, yielding 1..gamma+1 tokens distributed exactly as the target's own
     samples (for lenience = 1). `gamma` is a fixed draft length, a policy (`gamma.AdaptiveGamma`)
     that plans one per iteration, or "auto" (the default): an adaptive policy fed by the target's
-    measured verification cost, so speculation turns itself down where verifying is costly."""
+    measured verification cost, so speculation turns itself down where verifying is costly. `clock`
+    times the drafting and the target calls that the policy learns from (tests pass a simulated one)."""
     decoding = Decoding(target, drafter, prompt, gamma=gamma, params=params, max_new_tokens=max_new_tokens,
-                        lenience=lenience, seed=seed, generator=generator, eos_token_ids=eos_token_ids)
+                        lenience=lenience, seed=seed, generator=generator, eos_token_ids=eos_token_ids,
+                        clock=clock)
     while True:
         call = decoding.prepare()
         logits = forward_batch(target, [call])[0]
@@ -121,9 +124,10 @@ class Decoding:
                  gamma: int | str | GammaPolicy = "auto", params: SamplingParams = SamplingParams(),
                  max_new_tokens: int = 128, lenience: float = 1.0, seed: int | None = None,
                  generator: torch.Generator | None = None, eos_token_ids: Sequence[int] | None = None,
-                 cache=None) -> None:
+                 cache=None, clock: Callable[[], float] = time.perf_counter) -> None:
         """`cache`: the target cache to decode in (a new one by default); it may already hold a prefix
-        of the prompt, computed exactly as this prompt's own (`prefix.PrefixCache`)."""
+        of the prompt, computed exactly as this prompt's own (`prefix.PrefixCache`). `clock`: seconds,
+        for the step timings the gamma policy learns from."""
         _check_request(target, prompt, max_new_tokens)
         check_lenience(lenience)
         if drafter.vocab is not None:
@@ -134,6 +138,7 @@ class Decoding:
             warnings.warn(f"the {getattr(target, 'backend', type(target).__name__)} backend verifies chains only: "
                           "tree drafts are cut to their main chain", RuntimeWarning, stacklevel=3)
         self.target, self.drafter, self.params, self.lenience = target, drafter, params, lenience
+        self.clock = clock
         self.max_new_tokens = max_new_tokens
         self.eos = frozenset(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
         self.gen = make_generator(seed, generator, target.device)
@@ -176,7 +181,7 @@ class Decoding:
             shadow = g == 0 and room > 0 and hasattr(policy, "shadow") and policy.shadow()
 
         # 2. Draft.
-        t0 = time.perf_counter()
+        t0 = self.clock()
         # A tree of guesses is drafted to the policy's widest budget, then cut by its cost model. A
         # sampled tree (`drafters.tree`) keeps the size planned before drafting: cutting it by the
         # tokens drawn would bias the output.
@@ -186,7 +191,7 @@ class Decoding:
         budget = max(g, min(policy.max_gamma, room)) if sized else g
         draft = drafter.propose(self.context, budget) if g else NO_DRAFT
         shadow_draft = drafter.propose(self.context, 1) if shadow else None
-        t1 = time.perf_counter()
+        t1 = self.clock()
         if draft.parents is not None and (not self.trees or self.lenience < 1):  # lenient acceptance is for chains
             draft = draft.chain()
         elif sized and draft.reach is not None:
@@ -222,14 +227,14 @@ class Decoding:
         if draft.parents is None:
             # 4. Speculative sampling: keep n draft tokens, add one corrected or bonus token.
             new, n, betas = _sample(draft, shadow_draft, logits, self.params, self.gen, self.lenience)
-            t2 = time.perf_counter()
+            t2 = self.clock()
             # 5. Roll back: the target cache now holds context + g drafts; keep context + n accepted.
             #    The extra token is the newest context token: it is fed with the next draft. When all g
             #    were accepted nothing is trimmed, and the drafter catches up on its last token itself.
             cache.trim(g - n)
         else:  # a tree: every node scored in one call, then one root-to-node path kept
             new, path, betas = _walk_tree(draft, logits, self.params, self.gen)
-            t2 = time.perf_counter()
+            t2 = self.clock()
             n = len(path)
             cache.keep(start + u, [start + u + i for i in path])
             if draft.reach is not None and hasattr(policy, "observe_tree"):

@@ -33,10 +33,11 @@ class Profile:
 
 
 def time_in_turns(models: dict[str, Model], ks=(1, 2, 4, 8), context: int = 256, repeats: int = 7,
-                  progress=None) -> dict[str, dict[int, float]]:
+                  progress=None, clock=time.perf_counter) -> dict[str, dict[int, float]]:
     """name -> {k: median seconds of a forward over k new tokens after `context` cached positions}.
     Every round times each k of each model in turn, so a machine that slows down for a while (a
-    shared host, another process) slows every k and every model alike instead of one of them."""
+    shared host, another process) slows every k and every model alike instead of one of them.
+    `clock`: seconds (tests pass a simulated one)."""
     caches = {}
     for name, model in models.items():
         vocab_limit = min(1000, model.vocab.size) if getattr(model, "vocab", None) else 1000  # ordinary ids
@@ -48,10 +49,10 @@ def time_in_turns(models: dict[str, Model], ks=(1, 2, 4, 8), context: int = 256,
             for name, model in models.items():
                 cache, vocab_limit = caches[name]
                 tokens = torch.randint(0, vocab_limit, (1, k))
-                start = time.perf_counter()
+                start = clock()
                 model.forward(tokens, cache)
                 if round_:
-                    times[name][k].append(time.perf_counter() - start)
+                    times[name][k].append(clock() - start)
                 cache.trim(k)
         if progress:
             progress(round_, repeats)
