@@ -226,3 +226,34 @@ def test_finished_and_cancelled_requests_leave_no_cache_behind():
     gc.collect()
     assert all(c() is None for c in caches)
     assert requests[40].finish_reason == "cancelled" and all(r.finished for r in requests)
+
+
+class FailsForOneRequest(ToyModel):
+    """A toy target whose forward fails for one request's cache once that request has decoded a few
+    tokens (a request whose state breaks the model), after writing to the cache, as a real failure may."""
+
+    def forward(self, tokens, cache, **settings):
+        logits = super().forward(tokens, cache, **settings)
+        if cache.tokens[:3] == [5, 5, 5] and len(cache.tokens) > 6:
+            raise RuntimeError("this request's state breaks the model")
+        return logits
+
+
+@pytest.mark.parametrize("gamma", [0, 2, "planned"])
+def test_a_request_that_fails_the_batched_forward_fails_alone(gamma):
+    target = FailsForOneRequest(6, seed=11)
+    target.tokenizer = LetterTokenizer()
+    draft = ToyModel(6, seed=12, scale=0.7, base=target)
+    prompts = [[0], [1, 2, 3], [5, 5, 5], [2, 2], [4], [3, 1]]
+    batch = Batch(target, max_batch=8)
+    requests = [batch.submit(p, ModelDrafter(draft), gamma=adaptive() if gamma == "planned" else gamma,
+                             params=GREEDY, max_new_tokens=10) for p in prompts]
+    for _ in batch.run():
+        pass
+    bad = requests[2]
+    assert bad.finish_reason == "error" and "breaks the model" in bad.error and bad.decoding is None
+    for r, prompt in zip(requests, prompts):
+        if r is not bad:
+            expected = alone(target, prompt, ModelDrafter(draft), gamma=0 if gamma == "planned" else gamma,
+                             params=GREEDY, max_new_tokens=10)
+            assert r.finish_reason in ("eos", "length") and r.error is None and r.stats.tokens == expected

@@ -38,6 +38,17 @@ def test_top_p_keeps_smallest_set_reaching_mass():
     assert SamplingParams(top_p=0.01).probs(logits).tolist() == [1.0, 0.0, 0.0, 0.0]
 
 
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1e-40), SamplingParams(temperature=1e-300),
+                                    SamplingParams(top_p=1e-300), SamplingParams(temperature=1e-60, top_p=1e-300, top_k=2)])
+def test_settings_at_the_edge_of_float_range_are_a_point_mass_on_the_best_token(params):
+    """A temperature or top_p far below float32's range is its limit: the argmax, never NaN."""
+    logits = torch.tensor([[0.1, 3.0, 2.9, -1.0], [5.0, -2.0, float("-inf"), 4.0]])
+    probs = params.probs(logits)
+    assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
+    gen = torch.Generator().manual_seed(0)
+    assert [sample(probs, gen).tolist() for _ in range(5)] == [[1, 0]] * 5
+
+
 def test_top_p_is_batched_per_row():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.2, 0.7]]))
     probs = SamplingParams(top_p=0.6).probs(logits)

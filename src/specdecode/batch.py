@@ -23,8 +23,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
-
+from typing import Callable, Iterator, Sequence
 
 from .decode import Decoding, _check_request
 from .drafters.base import Drafter
@@ -75,13 +74,14 @@ class Batch:
     row-invariantly (`row_invariant_prompts`); elsewhere a step runs one `PREFILL_CHUNK` of one prompt.
     prefix_bytes: memory for recent prompts' keys and values, reused by later prompts that share a
     prefix with them (`prefix.PrefixCache`; there too, and for the native backend's caches); 0: none.
+    clock: seconds, for the step timings the requests' gamma policies learn from.
     """
 
     def __init__(self, target, max_batch: int = 8, max_gamma: int = 8, prompt_rows: int = 64,
-                 prefix_bytes: int = 64 << 20) -> None:
+                 prefix_bytes: int = 64 << 20, clock: Callable[[], float] = time.perf_counter) -> None:
         if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
-        self.target = target
+        self.target, self.clock = target, clock
         if not isinstance(prompt_rows, int) or prompt_rows < 1:
             raise ValueError(f"prompt_rows must be an integer >= 1, got {prompt_rows!r}")
         self.max_batch, self.max_gamma, self.prompt_rows = max_batch, max_gamma, prompt_rows
@@ -108,7 +108,7 @@ class Batch:
             as_policy(gamma)  # checks it
         request = BatchRequest(prompt_ids, drafter, gamma, params, max_new_tokens, lenience, seed,
                                check_stop(stop), id=next(self._ids), stats=Stats() if stats is None else stats)
-        request.started = time.perf_counter()
+        request.started = self.clock()
         self.waiting.append(request)
         return request
 
@@ -163,7 +163,8 @@ class Batch:
             cache = (self.target.new_cache(positions=min(positions, self.target.max_positions))
                      if getattr(self.target, "backend", None) == "native" else None)
             r.decoding = Decoding(self.target, r.drafter, r.prompt_ids, gamma=self._policy(r.gamma), params=r.params,
-                                  max_new_tokens=r.max_new_tokens, lenience=r.lenience, seed=r.seed, cache=cache)
+                                  max_new_tokens=r.max_new_tokens, lenience=r.lenience, seed=r.seed, cache=cache,
+                                  clock=self.clock)
             if self.prefixes is not None:  # a shared prefix of the prompt, computed once already
                 self.prefixes.fill(r.prompt_ids, cache)
         except Exception as err:  # noqa: BLE001  (a request that cannot start fails alone)
@@ -181,7 +182,7 @@ class Batch:
                 self._prefilling[r.id] = (d.prepare(), 0)  # the prefill call: the whole prompt, no draft
             call, done = self._prefilling[r.id]
             chunk = getattr(target, "PREFILL_CHUNK", None)
-            started = time.perf_counter()
+            started = self.clock()
             if chunk is None or (done == 0 and call.tokens.shape[1] <= chunk):
                 logits = target.forward(call.tokens, d.cache, num_logits=1)
             else:  # the prefill numerics for every chunk, as one call over the whole prompt computes them
@@ -236,15 +237,14 @@ class Batch:
             return
         rows = sum(c.tokens.shape[1] for c in calls)
         self.last_forward = (len(calls), rows)
-        started = time.perf_counter()
+        started = self.clock()
+        lengths = [len(c.cache) for c in calls]
         try:
             logits = forward_batch(self.target, calls)
-        except Exception as err:  # noqa: BLE001  (the forward failed for all of them)
-            for r in ready:
-                self._fail(r, err)
-            return
+        except Exception:  # noqa: BLE001  (one request's state may have failed it for all: find which)
+            logits = self._forward_alone(calls, lengths, ready)
         for r, row_logits, ends in zip(ready, logits, last):
-            if not ends:
+            if not ends or row_logits is None:
                 continue
             try:
                 if self._prefilling.pop(r.id, None) and self.prefixes is not None:
@@ -252,6 +252,20 @@ class Batch:
                 self._add(r, r.decoding.complete(row_logits, started=started, rows=rows), out)
             except Exception as err:  # noqa: BLE001
                 self._fail(r, err)
+
+    def _forward_alone(self, calls: list[ForwardCall], lengths: list[int], ready: list[BatchRequest]) -> list:
+        """After a batched forward failed: every call again on its own, from the cache length it had
+        before, so a failure is only its own request's (None in its place: that request has failed)."""
+        out = []
+        for call, length, r in zip(calls, lengths, ready):
+            try:
+                _rewind(call.cache, length)
+                out.append(forward_batch(self.target, [call])[0])
+            except Exception as err:  # noqa: BLE001
+                _rewind(call.cache, length)
+                self._fail(r, err)
+                out.append(None)
+        return out
 
     def _add(self, r: BatchRequest, step, out: list) -> None:
         piece = r.pieces.add(step)
@@ -272,6 +286,12 @@ class Batch:
             self.active.remove(r)
         self._prefilling.pop(r.id, None)
         r.decoding = None  # frees its cache
+
+
+def _rewind(cache, length: int) -> None:
+    """Drop what a failed forward may have appended to `cache` past `length` positions."""
+    if len(cache) > length:
+        cache.trim(len(cache) - length)
 
 
 def generate_batch(target, prompts: Sequence[Sequence[int]], drafter=None, *, max_batch: int = 8,

@@ -54,7 +54,11 @@ class SamplingParams:
         if self.greedy:
             # argmax returns the first maximal index: ties are broken towards the lowest id.
             return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-        logits = logits / self.temperature
+        # shifted so the best token sits at 0 before dividing, and a temperature below float32's
+        # smallest normal taken as that: a tiny temperature sends the others to -inf (a point mass on
+        # the best, uniform over exact ties), never inf - inf or 0 / 0 = NaN
+        temperature = max(self.temperature, torch.finfo(torch.float32).tiny)
+        logits = (logits - logits.amax(-1, keepdim=True)) / temperature
         if self.top_k and self.top_k < logits.shape[-1]:
             kth = torch.topk(logits, self.top_k, dim=-1).values[..., -1:]  # [..., 1]
             logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -62,7 +66,8 @@ class SamplingParams:
         if self.top_p < 1.0:
             sorted_probs, order = probs.sort(dim=-1, descending=True)
             mass_before = sorted_probs.cumsum(-1) - sorted_probs  # mass of strictly better tokens
-            drop_sorted = mass_before >= self.top_p  # the most likely token is never dropped
+            drop_sorted = mass_before >= self.top_p
+            drop_sorted[..., 0] = False  # the most likely token never (a top_p below float32's range rounds to 0)
             drop = drop_sorted.scatter(-1, order, drop_sorted)
             probs = probs.masked_fill(drop, 0.0)
             probs = probs / probs.sum(-1, keepdim=True)
