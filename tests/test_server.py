@@ -9,6 +9,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -135,7 +136,6 @@ def test_requests_batched_together_get_the_text_each_gets_alone(server, client):
     """Four requests at once on a batch of two with two places in the queue (different prompts and
     settings; one streams, one leaves early): each reply equals the same request sent alone, and
     /metrics saw batched forwards."""
-    from concurrent.futures import ThreadPoolExecutor
 
     asks = [dict(content=QUESTION, temperature=0),
             dict(content="Name three colours of the rainbow.", temperature=0,
@@ -529,3 +529,44 @@ def test_create_app_takes_the_key_aliases_and_an_open_metrics_route():
         assert http.get("/metrics").status_code == 401
     with pytest.raises(ValueError):
         create_app(engine, "a", api_key="")
+
+
+def test_developer_role_and_model_retrieval_as_newer_openai_clients_send_them(server, client):
+    as_system = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=8, messages=[
+        {"role": "system", "content": "Answer in one word."}, {"role": "user", "content": QUESTION}])
+    as_developer = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=8, messages=[
+        {"role": "developer", "content": "Answer in one word."}, {"role": "user", "content": QUESTION}])
+    assert as_developer.choices[0].message.content == as_system.choices[0].message.content
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("other")
+    assert missing.value.response.json()["error"]["code"] == "model_not_found"
+    values = _metrics(server[0])
+    assert _requests(values, "/v1/models/{model_id}", 200) >= 1 and _requests(values, "/v1/models/{model_id}", 404) >= 1
+
+
+def test_a_temperature_below_float_range_decodes_as_its_limit_beside_others(server, client):
+    """temperature 1e-40 once failed its whole batch (NaN probabilities): it is the greedy limit now,
+    and the greedy requests decoding beside it keep their own output."""
+    ask = lambda **extra: client.chat.completions.create(  # noqa: E731
+        model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=12, **extra)
+    alone = ask(temperature=0).choices[0].message.content
+    with ThreadPoolExecutor(2) as pool:
+        tiny, greedy = pool.map(lambda t: ask(temperature=t, seed=1), [1e-40, 0])
+    assert greedy.choices[0].message.content == alone == tiny.choices[0].message.content
+
+
+def test_a_server_error_is_logged_with_the_id_its_body_carries(caplog):
+    from types import SimpleNamespace
+
+    from starlette.testclient import TestClient
+
+    from specdecode.server.app import create_app
+
+    engine = SimpleNamespace(target=None, in_flight=0, drafts=[], on_finish=None)
+    with TestClient(create_app(engine, "a"), raise_server_exceptions=False) as http, caplog.at_level("ERROR"):
+        reply = http.post("/v1/completions", json={"model": "a", "prompt": "hi"})  # no tokenizer: a bug, a 500
+    assert reply.status_code == 500
+    rid = re.search(r"\((err-[0-9a-f]{16})\)", reply.json()["error"]["message"]).group(1)
+    logged = [r for r in caplog.records if rid in r.getMessage()]
+    assert logged and logged[0].exc_info is not None  # with its traceback

@@ -404,7 +404,7 @@ def cmd_info(args) -> int:
                 "asimddp")
     result = dict(cpu=cpu_name(), features=[f for f in features if f in cpu_flags()],
                   kernel_paths=runnable_paths(), kernel_plan=dict(path=plan.path, isa=plan.isa, reason=plan.reason,
-                                                                   library=plan.library, threading=plan.threading),
+                                                                   library=plan.library),
                   versions=versions, model=target.name, backend=getattr(target, "backend", "hf"),
                   backend_reason=choice.reason if choice else f"--backend {args.backend}",
                   measured={name: dict(step_ms=choice.step_ms[name], verify_8=choice.verify_8[name],
@@ -645,6 +645,10 @@ def cmd_serve(args, app_only: bool = False) -> int:
         return app
     print(f"specdecode: serving {', '.join([name, *aliases])} (drafts: {', '.join(drafts)}; gamma {args.gamma}) on "
           f"http://{args.host}:{args.port}/v1", flush=True)
+    import logging
+
+    # the server's own errors (every 5xx, with its id and traceback) on stderr
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:

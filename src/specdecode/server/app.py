@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
+import re
 import time
 import uuid
 from dataclasses import replace
@@ -29,6 +31,8 @@ from ..text import encode_chat
 from .engine import Engine, Job
 from .metrics import CLIENT_LEFT, UNMATCHED, Metrics
 from .request import Limits, Request, RequestError, parse_request
+
+log = logging.getLogger("specdecode.server")
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", None: "stop"}
 
@@ -88,8 +92,13 @@ class _Gate:
     URL no route serves under one label) and status (499 when the client left before the end)."""
 
     def __init__(self, app, metrics: Metrics, routes: set[str], api_key: str | None, open_paths: set[str]) -> None:
-        self.app, self.metrics, self.routes, self.open_paths = app, metrics, routes, open_paths
+        self.app, self.metrics, self.open_paths = app, metrics, open_paths
+        # a route template's pattern: /v1/models/{model_id} counts every model's URL under the template
+        self.routes = [(re.compile("^" + re.sub(r"\{[^/]+\}", "[^/]+", route) + "$"), route) for route in routes]
         self.api_key = api_key.strip().encode() if api_key else None
+
+    def label(self, path: str) -> str:
+        return next((route for pattern, route in self.routes if pattern.match(path)), UNMATCHED)
 
     def authorized(self, scope) -> bool:
         header = dict(scope["headers"]).get(b"authorization", b"")
@@ -121,7 +130,7 @@ class _Gate:
             raise
         finally:
             status = seen["status"] if seen["done"] else 500 if failed and seen["status"] is None else CLIENT_LEFT
-            self.metrics.requests.labels(endpoint=path if path in self.routes else UNMATCHED, status=str(status)).inc()
+            self.metrics.requests.labels(endpoint=self.label(path), status=str(status)).inc()
 
 
 def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_body_bytes: int = 1 << 20, *,
@@ -154,9 +163,20 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
                             status_code=err.status_code)
 
     @app.exception_handler(Exception)
-    async def server_error(_, err: Exception):
-        return JSONResponse(RequestError(500, f"internal error: {type(err).__name__}: {err}", None, "internal_error",
-                                         type="server_error").body(), status_code=500)
+    async def server_error(request: HTTPRequest, err: Exception):
+        rid = failure_id()
+        log.error("500 %s on %s %s", rid, request.method, request.url.path, exc_info=err)
+        return JSONResponse(RequestError(500, f"internal error ({rid}): {type(err).__name__}: {err}", None,
+                                         "internal_error", type="server_error").body(), status_code=500)
+
+    def failure_id() -> str:
+        return "err-" + uuid.uuid4().hex[:16]
+
+    def generation_failed(job: Job, message: str) -> RequestError:
+        """A generation that failed in the engine: logged with an id that the error body carries too."""
+        rid = failure_id()
+        log.error("500 %s: %s (prompt of %d tokens)", rid, message, len(job.prompt_ids))
+        return RequestError(500, f"{message} ({rid})", None, "generation_failed", type="server_error")
 
     async def read_json(request: HTTPRequest):
         length = request.headers.get("content-length")
@@ -221,7 +241,7 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
                 if event == "piece":
                     pieces.append(value.accepted_text + value.target_text)
                 elif event == "error":
-                    raise RequestError(500, value, None, "generation_failed", type="server_error")
+                    raise generation_failed(job, value)
                 else:
                     break
         finally:
@@ -252,8 +272,7 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
                     if text:
                         yield chunk(text)
                 elif event == "error":
-                    yield "data: " + json.dumps(RequestError(500, value, None, "generation_failed",
-                                                             type="server_error").body()) + "\n\n"
+                    yield "data: " + json.dumps(generation_failed(job, value).body()) + "\n\n"
                     break
                 else:
                     yield chunk(None, FINISH[job.stats.finish_reason])
@@ -285,6 +304,13 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
     async def models():
         return {"object": "list", "data": [{"id": name, "object": "model", "created": created,
                                             "owned_by": "specdecode"} for name in names]}
+
+    @app.get("/v1/models/{model_id}")
+    async def model(model_id: str):
+        if model_id not in names:
+            raise RequestError(404, f"the model {model_id!r} does not exist; this server serves "
+                                    f"{', '.join(map(repr, names))}", "model", "model_not_found")
+        return {"id": model_id, "object": "model", "created": created, "owned_by": "specdecode"}
 
     @app.get("/health")
     async def health():

@@ -22,7 +22,7 @@ from ..options import check_lenience
 from ..sampling import SamplingParams
 
 EXTENSION = "specdecode"
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant")  # developer: OpenAI's newer name for system
 
 
 def _zero(value) -> bool:
@@ -154,7 +154,8 @@ def _messages(body: dict) -> tuple[dict, ...]:
         unknown = set(message) - {"role", "content", "name"}
         if unknown:
             raise _bad(f"'{param}' has unsupported fields: {', '.join(sorted(unknown))}", param, "unsupported")
-        out.append({"role": role, "content": _text(message.get("content"), f"{param}.content")})
+        out.append({"role": "system" if role == "developer" else role,
+                    "content": _text(message.get("content"), f"{param}.content")})
     if not any(m["content"].strip() for m in out):
         raise _bad("every message is empty", "messages", "invalid_value")
     return tuple(out)
