@@ -10,7 +10,6 @@
 #include <string.h>
 
 const char *kernels_isa(void);
-const char *kernels_threading(void);
 int q4q8_matmul(const float *, const uint8_t *, const uint16_t *, float *, int, int, int, int);
 int q8q8_matmul(const float *, const uint8_t *, const float *, float *, int, int, int, int);
 int q4f_matmul(const float *, const uint8_t *, const uint16_t *, float *, int, int, int, int);
@@ -86,7 +85,7 @@ static void run_silu(const float *x, float *y, int rows) { silu_mul_f32(x, y, ro
 
 int main(int argc, char **argv) {
     if (argc > 1) threads = atoi(argv[1]);
-    printf("isa %s\nthreading %s\n", kernels_isa(), kernels_threading());
+    printf("isa %s\n", kernels_isa());
     float *x = floats((long)ROWS * IN, 3.0f);
     memset(x, 0, sizeof(float) * 32); /* an all-zero group */
     q4 = bytes((long)OUT * IN / 2);

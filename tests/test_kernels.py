@@ -3,6 +3,7 @@ built here, equal to the PyTorch operations they replace, and row-invariant; wit
 or with a source that does not build, the PyTorch ones serve and the plan says why."""
 
 import shutil
+import threading
 
 import pytest
 import torch
@@ -276,43 +277,41 @@ def test_the_clis_kernel_choices_are_the_plans_paths():
     assert KERNEL_PATHS == plan.PATHS
 
 
-def test_a_build_without_openmp_runs_its_own_threads_and_computes_the_same(lib):
-    """Apple's clang has no OpenMP: the library then runs parallel loops on its own thread pool (both
-    cores, never one silently), with the same results as the OpenMP build."""
-    compiler = plan.c_compiler()
-    path = next(p for p in C_PATHS if plan._load(p, compiler)[0] is lib)
-    alone, _, _ = plan._load(path, compiler, openmp=False)
-    assert lib.kernels_threading() == b"openmp" and alone.kernels_threading() == b"pthreads"
-    torch.set_num_threads(2)  # the calls below ask for two threads (restored after the test)
+def test_the_pool_runs_calls_from_any_thread_with_the_same_results(lib):
+    """One pool of threads - 1 workers per process, whichever thread calls (a server decodes on its
+    own thread): calls from another thread, and with one thread or two, give the same bits."""
     gen = torch.Generator().manual_seed(11)
     weight = q4_grid(960, 576, gen)
     x = torch.randn(5, 576, generator=gen)
-    for dtype, int8 in ((torch.float32, False), (torch.float32, True)):
-        ours, theirs = (Int4Linear.quantize(weight, dtype, CKernels(built, H, HKV, HD, dtype), int8_activations=int8)
-                        for built in (alone, lib))
-        for _ in range(3):  # the pool's workers are reused call after call
-            assert torch.equal(ours(x), theirs(x))
     q = torch.randn(4, H, HD, generator=gen)
     keys, values = torch.randn(HKV, 64, HD, generator=gen), torch.randn(HKV, 64, HD, generator=gen)
-    assert torch.equal(CKernels(alone, H, HKV, HD, torch.float32).attend(q, keys, values, 30),
-                       CKernels(lib, H, HKV, HD, torch.float32).attend(q, keys, values, 30))
-    assert alone.kernels_pool_workers() == 1  # one worker beside the calling thread
+
+    def results(threads: int) -> list[torch.Tensor]:
+        kernels = CKernels(lib, H, HKV, HD, torch.float32, threads=threads)
+        products = [Int4Linear.quantize(weight, torch.float32, kernels, int8_activations=int8) for int8 in (False, True)]
+        return [p(x) for p in products for _ in range(3)] + [kernels.attend(q, keys, values, 30)]  # workers reused
+
+    here = results(2)
+    elsewhere = {}
+    thread = threading.Thread(target=lambda: elsewhere.update(two=results(2), one=results(1)))
+    thread.start()
+    thread.join()
+    for ours in (elsewhere["two"], elsewhere["one"], results(1)):
+        assert all(torch.equal(a, b) for a, b in zip(ours, here))
+    assert lib.kernels_pool_workers() == 1  # one worker beside the calling thread, shared by every caller
 
 
 @pytest.mark.skipif(shutil.which("clang") is None, reason="no clang here (Debian: apt-get install clang; "
                     "`make setup` installs it where apt-get runs as root)")
 def test_clang_builds_every_path_with_the_same_integer_products(lib):
-    """The library builds with clang too (Apple's has no OpenMP, nor has Debian's without libomp: then
-    the library's own thread pool runs), and its integer products give gcc's bits."""
+    """The library builds with clang too (as on macOS), and its integer products give gcc's bits."""
     compiler = plan.c_compiler()
     path = next(p for p in C_PATHS if plan._load(p, compiler)[0] is lib)
     built, isa, _ = plan._load(path, "clang")
     assert isa in plan._expected_isa(path)
-    assert built.kernels_threading() == (b"openmp" if plan.has_openmp("clang") else b"pthreads")
-    torch.set_num_threads(2)
     gen = torch.Generator().manual_seed(12)
     weight = q4_grid(960, 576, gen)
     x = torch.randn(6, 576, generator=gen)
-    theirs, ours = (Int4Linear.quantize(weight, torch.float32, CKernels(b, H, HKV, HD, torch.float32),
+    theirs, ours = (Int4Linear.quantize(weight, torch.float32, CKernels(b, H, HKV, HD, torch.float32, threads=2),
                                         int8_activations=True) for b in (built, lib))
     assert torch.equal(theirs(x), ours(x)) and torch.equal(theirs(x[2:3]), ours(x)[2:3])

@@ -3,6 +3,7 @@ started here (127.0.0.1 only, 2 CPUs) with 2 replicas of 1 thread of the embedde
 endpoint, checked against the in-process server (create_app) on the same options."""
 
 import json
+import os
 import socket
 import sys
 import threading
@@ -168,6 +169,12 @@ def cluster():
     from specdecode.server.ray import APP, build
 
     threads = torch.get_num_threads()
+    # Ray Serve gives a starting proxy 5 s and a health check 10 s by default: a host slowed by other work
+    # (or a slower CPU) can take longer to start a worker process, and its proxy is then killed. The
+    # controller reads these when it starts, from the environment the cluster inherits.
+    timeouts = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "120", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "120"}
+    saved = {name: os.environ.get(name) for name in timeouts}
+    os.environ.update(timeouts)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     try:
         port = _free_port()
@@ -187,6 +194,11 @@ def cluster():
         serve.shutdown()
         ray.shutdown()
         torch.set_num_threads(threads)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def replica_ids(ray) -> list[str]:

@@ -90,7 +90,7 @@ def _load(path: str | None, backend: str, dtype: str, device: str | None, thread
 
         if device not in (None, "cpu"):
             raise ValueError(f"the native backend runs on the CPU; got --device {device}")
-        return load_native(path, dtype=dtype, max_positions=n_ctx)
+        return load_native(path, dtype=dtype, max_positions=n_ctx, n_threads=threads)
     if dtype == "int4":
         raise ValueError("--dtype int4 runs on the native backend only (--backend native, a Llama-family model "
                          "on the CPU)")
@@ -109,19 +109,17 @@ def _llamacpp_runs(path) -> bool:
 def _measured_choice(path: Path, threads: int | None, n_ctx: int, measure_again: bool = False):
     """The native backend or llama.cpp, whichever is measured faster here (cached per machine)."""
     import llama_cpp
-    import torch
 
     from .choose import choose
     from .native import load_native
     from .native.plan import kernel_plan
+    from .native.threads import cores
     from .llamacpp import LlamaCppModel
 
-    if threads:
-        torch.set_num_threads(threads)
-    threads = threads or torch.get_num_threads()
+    threads = cores(threads)
     plan, _ = kernel_plan()
     signature = f"{plan.path}:{Path(plan.library).name if plan.library else '-'}|llama_cpp {llama_cpp.__version__}"
-    loaders = {"native": lambda: load_native(path, max_positions=n_ctx),
+    loaders = {"native": lambda: load_native(path, max_positions=n_ctx, n_threads=threads),
                "llama.cpp": lambda: LlamaCppModel(path, n_threads=threads, n_ctx=n_ctx)}
     choice, model = choose(path, threads, signature, loaders, refresh=measure_again)
     model.backend_choice = choice

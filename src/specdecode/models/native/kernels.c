@@ -52,10 +52,12 @@ const char *kernels_isa(void) {
 #define MAX_HEAD_DIM 256
 
 /* parallel_for(n, threads, fn, ctx): fn(ctx, i) for i in 0..n-1 on `threads` threads, split into
- * contiguous shares (OpenMP's schedule(static)). Through OpenMP where the compiler has it; else
- * through a pool of threads - 1 workers started on first use and kept (Apple's clang ships no
- * OpenMP: a build without it still uses every core it is given, never one silently). Each index's
- * work is the same whichever thread runs it, so results do not depend on the thread count. */
+ * contiguous shares (OpenMP's schedule(static)), on one pool of threads - 1 workers per process,
+ * started on first use and kept, whichever thread calls. Not OpenMP: libgomp keeps a team per
+ * calling thread, and with a second caller (a server's decode thread beside the main thread) it
+ * counts more threads than cores and stops spinning, so every call on a worker thread waited on a
+ * futex (benchmarks/results/thread_placement.md); Apple's clang has no OpenMP at all. Each index's work is the same whichever thread runs it, so results do not depend on the
+ * thread count. */
 typedef void (*index_fn)(void *ctx, int i);
 
 static void run_share(int part, int parts, int n, index_fn fn, void *ctx) {
@@ -63,19 +65,8 @@ static void run_share(int part, int parts, int n, index_fn fn, void *ctx) {
     for (int i = begin, end = begin + base + (part < extra); i < end; i++) fn(ctx, i);
 }
 
-#if defined(_OPENMP)
-#include <omp.h>
-const char *kernels_threading(void) { return "openmp"; }
-int kernels_pool_workers(void) { return 0; }
-
-static void parallel_for(int n, int threads, index_fn fn, void *ctx) {
-#pragma omp parallel num_threads(threads)
-    run_share(omp_get_thread_num(), omp_get_num_threads(), n, fn, ctx);
-}
-#else
 #include <pthread.h>
 #include <stdatomic.h>
-const char *kernels_threading(void) { return "pthreads"; }
 
 /* Workers wait for a call spinning for a while (a decode step makes ~150 calls microseconds apart;
  * waking a sleeping thread costs ~20 us each), then sleep on a condition variable. */
@@ -176,7 +167,6 @@ static void parallel_for(int n, int threads, index_fn fn, void *ctx) {
     while (atomic_load(&pool.remaining) > 0) relax();
     pthread_mutex_unlock(&pool.call);
 }
-#endif
 
 /* A product's arguments, for its per-block function (16 outputs at a time) run by parallel_for. */
 typedef struct {

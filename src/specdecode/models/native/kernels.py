@@ -102,8 +102,9 @@ class CKernels(TorchKernels):
     """The same operations through kernels.c."""
 
     def __init__(self, lib, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 plan: KernelPlan | None = None) -> None:
+                 plan: KernelPlan | None = None, threads: int | None = None) -> None:
         super().__init__(heads, kv_heads, head_dim, plan)
+        self.threads = threads or torch.get_num_threads()  # the library's pool runs each call on this many
         suffix = "bf16" if dtype == torch.bfloat16 else "f32"
         self._rms_norm, self._rope_store, self._attend, self._silu_mul = (
             getattr(lib, f"{op}_{suffix}") for op in ("rms_norm", "rope_store", "attend", "silu_mul"))
@@ -147,7 +148,7 @@ class CKernels(TorchKernels):
         out = torch.empty(T, self.heads * self.head_dim, dtype=self.dtype)  # written in the cache's dtype
         if self._attend(qf.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(), T, self.heads,
                         self.kv_heads, self.head_dim, keys.stride(0), p0 + 1, _pointer(parents), self.scale,
-                        torch.get_num_threads()):
+                        self.threads):
             raise MemoryError("attention: no memory for one query's scores")
         return out
 
@@ -158,7 +159,7 @@ class CKernels(TorchKernels):
         T, (blocks, K, _) = x.shape[0], q.shape
         y = torch.empty(T, blocks * 16)
         if self._q8_matmul(x.data_ptr(), q.data_ptr(), scales.data_ptr(), y.data_ptr(), T, K, blocks * 16,
-                           torch.get_num_threads()):
+                           self.threads):
             raise MemoryError("8-bit product: no memory for the rows' sums")
         return y
 
@@ -175,7 +176,7 @@ class CKernels(TorchKernels):
         T, (blocks, chunks, _) = x.shape[0], q.shape
         y = torch.empty(T, blocks * 16, dtype=torch.bfloat16)
         if self._q4_matmul(x.data_ptr(), q.data_ptr(), coef.data_ptr(), y.data_ptr(), T, chunks * 4, blocks * 16,
-                           torch.get_num_threads()):
+                           self.threads):
             raise MemoryError("4-bit product: no memory for the group sums")
         return y
 
@@ -189,14 +190,13 @@ class CKernels(TorchKernels):
         out as kernels.c's q4q8_matmul takes them: q [out / 16, in / 32, 8, 32] uint8, coef as q4f's."""
         return self._grouped(self._q4q8_matmul, x, q, coef, "4-bit product")
 
-    @staticmethod
-    def _grouped(product, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor, what: str) -> torch.Tensor:
+    def _grouped(self, product, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor, what: str) -> torch.Tensor:
         """A product over weights laid out [out / 16, in / 32, ...] with float32 x [T, in] -> [T, out]."""
         x = x.float().contiguous()
         T, (blocks, groups) = x.shape[0], q.shape[:2]
         y = torch.empty(T, blocks * 16)
         if product(x.data_ptr(), q.data_ptr(), coef.data_ptr(), y.data_ptr(), T, groups * 32, blocks * 16,
-                   torch.get_num_threads()):
+                   self.threads):
             raise MemoryError(f"{what}: no memory for the rows' group sums or quantised activations")
         return y
 
@@ -205,7 +205,7 @@ class CKernels(TorchKernels):
         x = x.float().contiguous()
         T, (blocks, K, _) = x.shape[0], w.shape
         y = torch.empty(T, blocks * 16)
-        self._f32_matmul(x.data_ptr(), w.data_ptr(), y.data_ptr(), T, K, blocks * 16, torch.get_num_threads())
+        self._f32_matmul(x.data_ptr(), w.data_ptr(), y.data_ptr(), T, K, blocks * 16, self.threads)
         return y
 
     def layers_q4f(self, x: torch.Tensor, weights: torch.Tensor, segments: Sequence[Segment], cos: torch.Tensor,
@@ -227,7 +227,7 @@ class CKernels(TorchKernels):
         cos, sin = cos.contiguous(), sin.contiguous()
         if self._layers_q4f(x.data_ptr(), T, weights.data_ptr(), weights.shape[0], table.data_ptr(), len(segments),
                             cos.data_ptr(), sin.data_ptr(), D, self.heads, self.kv_heads, self.head_dim, hidden, eps,
-                            self.scale, int(int8_activations), torch.get_num_threads()):
+                            self.scale, int(int8_activations), self.threads):
             raise MemoryError("decode layers: no memory for the activations")
         return x
 
@@ -252,11 +252,13 @@ def _pointer(parents: torch.Tensor | None) -> int | None:
     return parents.data_ptr()
 
 
-def make_kernels(heads: int, kv_heads: int, head_dim: int, dim: int, dtype: torch.dtype) -> TorchKernels:
-    """The C kernels of this process's kernel plan where they serve these shapes, else PyTorch's."""
+def make_kernels(heads: int, kv_heads: int, head_dim: int, dim: int, dtype: torch.dtype,
+                 threads: int | None = None) -> TorchKernels:
+    """The C kernels of this process's kernel plan where they serve these shapes (each call on
+    `threads` threads; default: PyTorch's count now), else PyTorch's."""
     fits = (dim % LANES == 0 and head_dim % (2 * LANES) == 0 and head_dim <= MAX_HEAD_DIM and heads % kv_heads == 0
             and dtype in (torch.bfloat16, torch.float32))
     plan, lib = kernel_plan()
     if lib is None or not fits:
         return TorchKernels(heads, kv_heads, head_dim, plan if lib is None else None)
-    return CKernels(lib, heads, kv_heads, head_dim, dtype, plan)
+    return CKernels(lib, heads, kv_heads, head_dim, dtype, plan, threads)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import nullcontext
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 
 from ..base import ForwardCall, Vocabulary, eos_ids
 from .cache import NativeCache
+from . import threads
 from .kernels import CKernels, Segment, make_kernels
 from .linear import Int4Linear, Linear, Q8Linear, bf16_supported, dense
 from .plan import cpu_flags, kernel_plan
@@ -46,7 +48,9 @@ class NativeLlama:
     QUANTISED = ("int4", "w4a8")  # 4-bit weights: float activations, or 8-bit ones (integer dot products)
 
     def __init__(self, directory: str | os.PathLike, dtype: str = "auto", name: str | None = None,
-                 max_positions: int | None = 4096) -> None:
+                 max_positions: int | None = 4096, n_threads: int | None = None) -> None:
+        """`n_threads`: the kernels' threads (default: PyTorch's count, as it was before any native
+        model lowered it; see `threads`)."""
         from safetensors.torch import load_file
         from transformers import AutoTokenizer
 
@@ -62,6 +66,7 @@ class NativeLlama:
         if dtype not in self.DTYPES:
             raise ValueError(f"the native backend runs {', '.join(self.DTYPES)}, not {dtype!r}")
         self.name = name or directory.name
+        self.n_threads = threads.cores(n_threads)
         self.device = torch.device("cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
         self.vocab = Vocabulary.from_tokens(self.name, self.tokenizer.get_vocab())
@@ -116,7 +121,6 @@ class NativeLlama:
         freqs = torch.outer(torch.arange(self.max_positions, dtype=torch.float32), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)  # [P, hd]
         self.cos, self.sin = emb.cos().to(self.compute_dtype), emb.sin().to(self.compute_dtype)
-        self.n_threads = torch.get_num_threads()
         self.layer_pointers = self._layer_pointers()
         # Where the 4-bit x 8-bit products have vector integer dot products, a prompt's rows go through
         # the decode path as well (each row alone): on a 2-core AVX512-VNNI EPYC 40 tokens take 33 ms
@@ -126,10 +130,16 @@ class NativeLlama:
         # tiles, whose bf16 products serve a prompt faster, nor where the dot products are plain C.
         self.row_invariant_prompts = (self.layer_pointers is not None and self.dtype == "w4a8"
                                       and getattr(self.kernels, "q4q8_vector", False) and "amx_tile" not in cpu_flags())
+        # Where the C kernels run every decode layer and the head, PyTorch keeps to one thread (module
+        # `threads`: its idle workers would spin on the kernels' cores); a forward through PyTorch's
+        # products borrows them back.
+        self.owns_cores = self.layer_pointers is not None and not isinstance(self.head, Linear)
+        if self.owns_cores:
+            threads.hand_to_kernels()
 
     def _use(self, compute_dtype: torch.dtype) -> None:
         self.compute_dtype = compute_dtype
-        self.kernels = make_kernels(self.heads, self.kv_heads, self.head_dim, self.dim, compute_dtype)
+        self.kernels = make_kernels(self.heads, self.kv_heads, self.head_dim, self.dim, compute_dtype, self.n_threads)
 
     @staticmethod
     def _quantised_dtype(dtype: str) -> str | None:
@@ -326,7 +336,8 @@ class NativeLlama:
                                          for s in segments], cos, sin, hidden, self.eps,
                 int8_activations=self.dtype == "w4a8")
         else:
-            x = self._layer_loop(x, segments, cos, sin, prefill)
+            with threads.lent_to_torch(self.n_threads) if self.owns_cores else nullcontext():
+                x = self._layer_loop(x, segments, cos, sin, prefill)
         for s in segments:
             s.cache.length += s.rows
         return x
@@ -388,7 +399,8 @@ class NativeLlama:
         return f"NativeLlama({self.name}, {self.dtype}, kernels={self.kernels.plan.path})"
 
 
-def load_native(path: str | os.PathLike, dtype: str = "auto", max_positions: int | None = 4096) -> NativeLlama:
+def load_native(path: str | os.PathLike, dtype: str = "auto", max_positions: int | None = 4096,
+                n_threads: int | None = None) -> NativeLlama:
     """A transformers Llama directory or a .gguf file (dequantised once and cached, as for `hf`).
 
     dtype "auto": 4-bit products where the weights are 4-bit groups (a Q4_1 GGUF), else bf16;
@@ -396,4 +408,4 @@ def load_native(path: str | os.PathLike, dtype: str = "auto", max_positions: int
     from ..files import model_directory
 
     path, directory = model_directory(path)
-    return NativeLlama(directory, dtype, name=path.name, max_positions=max_positions)
+    return NativeLlama(directory, dtype, name=path.name, max_positions=max_positions, n_threads=n_threads)

@@ -41,19 +41,15 @@ ENV = "SPECDECODE_KERNELS"
 @dataclass(frozen=True)
 class KernelPlan:
     """The kernel path in use: `path` (one of PATHS), `isa` (what the built library says it was
-    compiled for), `reason` (why this path), `library` (the built file, None for torch),
-    `threading` (how the library runs its threads: openmp, or pthreads where the compiler has no
-    OpenMP)."""
+    compiled for), `reason` (why this path), `library` (the built file, None for torch)."""
 
     path: str
     isa: str
     reason: str
     library: str | None = None
-    threading: str = "pytorch"
 
     def __str__(self) -> str:
-        isa = self.isa if self.library is None else f"{self.isa}, {self.threading}"
-        return f"{self.path} ({isa}): {self.reason}"
+        return f"{self.path} ({self.isa}): {self.reason}"
 
 
 def cpu_flags() -> frozenset[str]:
@@ -114,26 +110,10 @@ class BuildError(RuntimeError):
     pass
 
 
-@lru_cache(maxsize=None)
-def has_openmp(compiler: str) -> bool:
-    """Whether `compiler` builds and links OpenMP code (Apple's clang does not)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        source = Path(tmp) / "omp.c"
-        source.write_text("#include <omp.h>\nint main(void) { return omp_get_max_threads() < 1; }\n")
-        try:
-            done = subprocess.run([compiler, "-fopenmp", str(source), "-o", str(Path(tmp) / "omp")],
-                                  capture_output=True)
-        except OSError:
-            return False
-        return done.returncode == 0
-
-
-def build(path: str, compiler: str, openmp: bool | None = None) -> Path:
+def build(path: str, compiler: str) -> Path:
     """kernels.c compiled for `path`, built once per machine, source and flags, cached next to the
-    converted models (built aside and moved in whole: concurrent builds never load half a file).
-    `openmp` None: with OpenMP where the compiler has it, else with the library's own thread pool."""
-    openmp = has_openmp(compiler) if openmp is None else openmp
-    flags = COMMON_FLAGS + path_flags(path) + (["-fopenmp"] if openmp else ["-pthread"])
+    converted models (built aside and moved in whole: concurrent builds never load half a file)."""
+    flags = COMMON_FLAGS + path_flags(path) + ["-pthread"]
     signature = "\n".join(sorted(cpu_flags())) + cpu_name()
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *flags, signature]).encode()).hexdigest()
     target = cache_root() / "kernels" / f"kernels-{path}-{key[:16]}.so"
@@ -162,8 +142,7 @@ def _expected_isa(path: str) -> tuple[str, ...]:
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Argument types of kernels.c's functions."""
     p, i32 = ctypes.c_void_p, ctypes.c_int
-    for name in ("kernels_isa", "kernels_threading"):
-        getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_char_p, []
+    lib.kernels_isa.restype, lib.kernels_isa.argtypes = ctypes.c_char_p, []
     for name in ("attend_f32", "attend_bf16"):
         getattr(lib, name).restype = ctypes.c_int
         getattr(lib, name).argtypes = [p] * 4 + [i32] * 4 + [ctypes.c_long, i32, p, ctypes.c_float, i32]
@@ -187,8 +166,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 
 @lru_cache(maxsize=None)
-def _load(path: str, compiler: str, openmp: bool | None = None) -> tuple[ctypes.CDLL, str, str]:
-    built = build(path, compiler, openmp)
+def _load(path: str, compiler: str) -> tuple[ctypes.CDLL, str, str]:
+    built = build(path, compiler)
     try:
         lib = _bind(ctypes.CDLL(str(built)))
     except (OSError, AttributeError) as e:
@@ -197,10 +176,6 @@ def _load(path: str, compiler: str, openmp: bool | None = None) -> tuple[ctypes.
     if isa not in _expected_isa(path):
         raise BuildError(f"the {path} build came out as {isa}: this CPU or compiler cannot run the {path} path")
     return lib, isa, str(built)
-
-
-def _threading(lib: ctypes.CDLL) -> str:
-    return lib.kernels_threading().decode()
 
 
 def requested_path() -> str | None:
@@ -224,7 +199,7 @@ def _plan(forced: str | None, compiler: str | None) -> tuple[KernelPlan, ctypes.
             raise BuildError(f"{ENV}={forced}: this CPU ({cpu_name()}) cannot run the {forced} path; it runs "
                              f"{', '.join(runnable_paths())}")
         lib, isa, built = _load(forced, compiler)
-        return KernelPlan(forced, isa, f"forced by {ENV}", built, _threading(lib)), lib
+        return KernelPlan(forced, isa, f"forced by {ENV}", built), lib
     failures = []
     for path in runnable_paths():
         if path == "torch":
@@ -238,7 +213,7 @@ def _plan(forced: str | None, compiler: str | None) -> tuple[KernelPlan, ctypes.
             failures.append(str(e))
             continue
         reason = "the best path this CPU runs" if not failures else f"fallback: {'; '.join(failures)}"
-        return KernelPlan(path, isa, reason, built, _threading(lib)), lib
+        return KernelPlan(path, isa, reason, built), lib
     reason = f"fallback: {'; '.join(failures)}"
     warnings.warn(f"native kernels: running PyTorch ops, slower ({reason})", RuntimeWarning, stacklevel=3)
     return KernelPlan("torch", "pytorch", reason), None
