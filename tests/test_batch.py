@@ -2,16 +2,18 @@
 alone, requests join and leave between steps, the planner's draft lengths follow the cost model,
 and sampled output under batching keeps the target's distribution."""
 
-import pytest
-import torch
+import importlib
 
-import specdecode.decode
+import pytest
+
 from specdecode import ModelDrafter, PromptLookupDrafter, SamplingParams, speculative_decode
 from specdecode.batch import Batch, generate_batch
 from specdecode.gamma import AdaptiveGamma, FixedGamma, plan_batch
 from stats import chi2_pvalue
 from test_generate import LetterTokenizer
 from toy import ToyModel, sequence_distribution
+
+VERIFIER = importlib.import_module("specdecode.verify")  # the module (the package exports its `verify` function)
 
 GREEDY = SamplingParams(temperature=0)
 SAMPLED = SamplingParams(temperature=1.0)
@@ -187,7 +189,7 @@ def test_sampled_output_under_batching_with_planned_gamma_is_the_targets():
 @pytest.mark.statistical
 def test_the_batched_check_catches_a_broken_verifier(monkeypatch):
     """The same check fails when every draft token is accepted."""
-    real = specdecode.decode.verify
+    real = VERIFIER.verify
 
     def accept_all(tokens, probs, target_probs, gen, lenience=1.0):
         verdict = real(tokens, probs, target_probs, gen, lenience)
@@ -196,7 +198,7 @@ def test_the_batched_check_catches_a_broken_verifier(monkeypatch):
         verdict.num_accepted[:] = g
         return verdict
 
-    monkeypatch.setattr(specdecode.decode, "verify", accept_all)
+    monkeypatch.setattr(VERIFIER, "verify", accept_all)
     target = ToyModel(3, seed=1)
     draft = ToyModel(3, seed=2, scale=1.0, base=target)
     target.tokenizer = LetterTokenizer()

@@ -170,7 +170,7 @@ def test_draft_confidence_stops_proposals_early_and_keeps_greedy_output():
 def test_a_step_with_nothing_to_verify_scores_the_shadow_proposal_like_the_verifier(params):
     """With gamma = 0 the loop skips the verifier; the shadow proposal's beta must still be
     sum_x min(p, q), for a point-mass proposal and for a proposal with its own q."""
-    from specdecode.decode import _plain_step
+    from specdecode.verify import _plain
     from specdecode.drafters.base import Draft
     from specdecode.verify import acceptance
 
@@ -182,9 +182,9 @@ def test_a_step_with_nothing_to_verify_scores_the_shadow_proposal_like_the_verif
         point = Draft(torch.tensor([[token]]))
         spread = Draft(torch.tensor([[token]]), q.view(1, 1, 12))
         for shadow, expected in ((point, p[token]), (spread, acceptance(p, q))):
-            new, _, betas = _plain_step(logits, params, torch.Generator().manual_seed(1), shadow)
+            new, _, betas = _plain(logits, params, torch.Generator().manual_seed(1), shadow)
             assert len(new) == 1 and betas == pytest.approx([float(expected)], abs=1e-6)
-    new, _, betas = _plain_step(logits, params, torch.Generator().manual_seed(1), None)
+    new, _, betas = _plain(logits, params, torch.Generator().manual_seed(1), None)
     assert betas == [] and (not params.is_greedy or new == [int(logits.argmax())])
 
 
@@ -192,7 +192,7 @@ def test_a_step_with_nothing_to_verify_scores_the_shadow_proposal_like_the_verif
 def test_the_greedy_shortcut_gives_what_the_verifier_gives(with_probs):
     """Greedy targets skip the verifier's full-vocabulary work; the outcome (tokens, accepted count,
     betas) must be the verifier's, at any lenience, for point-mass drafts and drafts with a q."""
-    from specdecode.decode import _greedy_verify
+    from specdecode.verify import _greedy
     from specdecode.drafters.base import Draft
     from specdecode.verify import draft_acceptance, verify
 
@@ -205,7 +205,7 @@ def test_the_greedy_shortcut_gives_what_the_verifier_gives(with_probs):
         best = logits[0].argmax(-1)
         tokens = torch.where(torch.rand(g, generator=gen) < 0.6, best[:g], torch.randint(0, 7, (g,), generator=gen))
         probs = torch.softmax(torch.randn(1, g, 7, generator=gen), -1) if with_probs else None
-        fast, n, betas = _greedy_verify(Draft(tokens.unsqueeze(0), probs), logits, greedy)
+        fast, n, betas = _greedy(Draft(tokens.unsqueeze(0), probs), logits, greedy)
         target = greedy.probs(logits)
         verdict = verify(tokens.unsqueeze(0), probs, target, gen, lenience=0.5 if trial % 2 else 1.0)
         kept = min(n + 1, g)

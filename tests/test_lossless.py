@@ -1,18 +1,21 @@
 """Whole-sequence losslessness: speculative samples through the real decode loop, with caches,
 match the target's exactly enumerated distribution over full sequences."""
 
+import importlib
+
 import pytest
 import torch
 
-import specdecode.decode
 from specdecode import (LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams,
                         autoregressive_decode, speculative_decode)
-from specdecode.drafters import SuffixCache, SuffixDrafter
+from specdecode.drafters import BaseDrafter, SuffixCache, SuffixDrafter
 from specdecode.drafters.tree import sample_tree
 from specdecode.sampling import sample
 from specdecode.verify import verify
 from stats import chi2_pvalue
 from toy import ToyCache, ToyModel, sequence_distribution
+
+VERIFIER = importlib.import_module("specdecode.verify")  # the module (the package exports its `verify` function)
 
 LENGTH = 6  # new tokens; longer than gamma + 1 so every gamma runs full iterations and rollbacks
 SAMPLES = 2_000  # sized by power: the broken loops below score p < 1e-20 at this size (threshold 1e-6)
@@ -85,10 +88,9 @@ def test_eos_inside_an_accepted_run_ends_the_sequence_exactly():
     assert whole_sequence_pvalue(ModelDrafter, 4, SETTINGS["temperature 1"], eos=(2,)) > 1e-3
 
 
-class RandomTreeDrafter:
+class RandomTreeDrafter(BaseDrafter):
     """Guesses a random tree of up to gamma tokens (distinct siblings), from its own generator."""
 
-    vocab = None
     proposes_trees = True
 
     def __init__(self, seed=7):
@@ -123,12 +125,11 @@ def test_draft_trees_match_target_over_whole_sequences(setting):
     assert whole_sequence_pvalue(lambda draft: RandomTreeDrafter(), 4, SETTINGS[setting]) > 1e-3
 
 
-class SampledTreeDrafter:
+class SampledTreeDrafter(BaseDrafter):
     """Samples a tree from the toy draft model's q (`drafters.tree.sample_tree`): `width` children a
     node drawn without replacement, verified by recursive rejection. `draft_params` (default: the
     target's settings) is the transform q is taken under; any q keeps the output exact."""
 
-    vocab = None
     proposes_trees = samples_trees = True
 
     def __init__(self, draft, width=2, draft_params=None):
@@ -177,7 +178,7 @@ def test_greedy_output_through_sampled_trees_is_plain_greedy():
 
 @pytest.mark.statistical
 def test_check_fails_when_a_tree_walk_takes_the_first_child_on_a_miss(monkeypatch):
-    walk = specdecode.decode._walk_tree
+    walk = VERIFIER.walk_tree
 
     def first_child_on_a_miss(draft, logits, params, gen):
         new, path, betas = walk(draft, logits, params, gen)
@@ -186,7 +187,7 @@ def test_check_fails_when_a_tree_walk_takes_the_first_child_on_a_miss(monkeypatc
             new[-1] = int(draft.tokens[0, kids[0]])
         return new, path, betas
 
-    monkeypatch.setattr(specdecode.decode, "_walk_tree", first_child_on_a_miss)
+    monkeypatch.setattr(VERIFIER, "walk_tree", first_child_on_a_miss)
     assert whole_sequence_pvalue(lambda draft: RandomTreeDrafter(), 4, SETTINGS["temperature 1"]) < 1e-6
 
 
@@ -209,7 +210,7 @@ def test_check_fails_when_a_sampled_tree_skips_the_residual(monkeypatch):
                 return k, None, 0.0
         return None, int(sample(p, gen)), 0.0
 
-    monkeypatch.setattr(specdecode.decode, "_try_children", no_residual)
+    monkeypatch.setattr(VERIFIER, "try_children", no_residual)
     assert whole_sequence_pvalue(SampledTreeDrafter, 4, SETTINGS["temperature 1"]) < 1e-6
 
 
@@ -231,14 +232,14 @@ def test_check_fails_when_a_sampled_tree_is_cut_by_its_drawn_tokens():
 @pytest.mark.statistical
 def test_check_fails_when_a_sampled_tree_keeps_q_after_a_rejection(monkeypatch):
     """The second child was drawn from q without the first: comparing it with the full q is wrong."""
-    try_children = specdecode.decode._try_children
+    try_children = VERIFIER.try_children
 
     def same_q(kids, guesses, draft_probs, p, gen):
         probs = draft_probs.clone()
         probs[kids[0]] = draft_probs[kids[0]] * 0.5 + 0.5 / draft_probs.shape[-1]  # q misstated
         return try_children(kids, guesses, probs, p, gen)
 
-    monkeypatch.setattr(specdecode.decode, "_try_children", same_q)
+    monkeypatch.setattr(VERIFIER, "try_children", same_q)
     assert whole_sequence_pvalue(SampledTreeDrafter, 4, SETTINGS["temperature 1"]) < 1e-6
 
 
@@ -253,7 +254,7 @@ def test_check_fails_when_the_loop_skips_the_residual(monkeypatch):
         verdict.tokens[rows, n] = torch.where(rejected, redraw, verdict.tokens[rows, n])
         return verdict
 
-    monkeypatch.setattr(specdecode.decode, "verify", no_residual)
+    monkeypatch.setattr(VERIFIER, "verify", no_residual)
     assert whole_sequence_pvalue(ModelDrafter, 3, SETTINGS["temperature 1"]) < 1e-6
 
 
@@ -283,5 +284,5 @@ def test_check_fails_when_every_draft_is_accepted(monkeypatch):
         verdict.num_accepted = torch.full_like(verdict.num_accepted, g)
         return verdict
 
-    monkeypatch.setattr(specdecode.decode, "verify", always_accept)
+    monkeypatch.setattr(VERIFIER, "verify", always_accept)
     assert whole_sequence_pvalue(ModelDrafter, 3, SETTINGS["temperature 1"]) < 1e-6

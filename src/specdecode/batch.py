@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from .decode import Decoding, _check_request
+from .decode import Decoding, check_request
 from .drafters.base import Drafter
 from .drafters.lookup import PromptLookupDrafter
 from .gamma import AUTO, AdaptiveGamma, GammaPolicy, as_policy, plan_batch
@@ -100,7 +100,7 @@ class Batch:
         """Queue a request (plain decoding when `drafter` is None); bad settings raise ValueError here.
         `stats`: filled in as the request decodes (a fresh one by default)."""
         prompt_ids = list(prompt_ids)
-        _check_request(self.target, prompt_ids, max_new_tokens)
+        check_request(self.target, prompt_ids, max_new_tokens)
         check_lenience(lenience)
         if drafter is None:
             drafter, gamma = PromptLookupDrafter(), 0  # gamma 0: never asked to draft

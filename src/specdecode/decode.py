@@ -15,16 +15,16 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import torch
 
-from .drafters.base import Draft, Drafter
+from .drafters.base import Draft, Drafter, check_drafter
 from .gamma import GammaPolicy, as_policy
 from .models.base import ForwardCall, Model, check_same_vocab, forward_batch
 from .options import check_lenience, check_max_new_tokens, check_prompt_ids
-from .sampling import SamplingParams, draw, make_generator, sample
-from .verify import draft_acceptance, match_vocab, residual, verify
+from .sampling import SamplingParams, draw, make_generator
+from .verify import verify_draft
 
 
 @dataclass
@@ -59,7 +59,20 @@ class Step:
 NO_DRAFT = Draft(torch.empty(1, 0, dtype=torch.long))
 
 
-def _check_request(model: Model, prompt: Sequence[int], max_new_tokens: int) -> None:
+class _Pending(NamedTuple):
+    """What `Decoding.prepare` drafted and planned, for `complete`."""
+
+    draft: Draft
+    shadow: Draft | None  # a one-token proposal scored but not verified, while speculation is off
+    prefill: bool
+    drafting_began: float  # clock readings around the drafting
+    drafting_ended: float
+    unseen: int  # context tokens fed before the draft (the newest one; the prompt on the prefill)
+    cache_length: int  # the cache's length before the call
+    forecast: tuple[float, float] | None
+
+
+def check_request(model: Model, prompt: Sequence[int], max_new_tokens: int) -> None:
     check_prompt_ids(prompt)
     check_max_new_tokens(max_new_tokens)
     limit = model.max_positions
@@ -128,13 +141,14 @@ class Decoding:
         """`cache`: the target cache to decode in (a new one by default); it may already hold a prefix
         of the prompt, computed exactly as this prompt's own (`prefix.PrefixCache`). `clock`: seconds,
         for the step timings the gamma policy learns from."""
-        _check_request(target, prompt, max_new_tokens)
+        check_request(target, prompt, max_new_tokens)
         check_lenience(lenience)
+        check_drafter(drafter)
         if drafter.vocab is not None:
             check_same_vocab(target.vocab, drafter.vocab)
         self.policy = as_policy(gamma, target)  # after the cheap checks: "auto" may measure the target first
         self.trees = getattr(target, "supports_trees", False)
-        if not self.trees and getattr(drafter, "proposes_trees", False):
+        if not self.trees and drafter.proposes_trees:
             warnings.warn(f"the {getattr(target, 'backend', type(target).__name__)} backend verifies chains only: "
                           "tree drafts are cut to their main chain", RuntimeWarning, stacklevel=3)
         self.target, self.drafter, self.params, self.lenience = target, drafter, params, lenience
@@ -143,14 +157,13 @@ class Decoding:
         self.eos = frozenset(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
         self.gen = make_generator(seed, generator, target.device)
         drafter.reset(params, self.gen)
-        if hasattr(drafter, "begin"):  # a drafter that tells the prompt from the output (suffix drafting)
-            drafter.begin(prompt)
+        drafter.begin(prompt)
         self.limit = target.max_positions
         self.context = list(prompt)
         self.cache = target.new_cache() if cache is None else cache
         self.emitted = 0
         self.finished = False
-        self._pending = None  # what prepare() drafted, for complete()
+        self._pending: _Pending | None = None
 
     @property
     def room(self) -> int:
@@ -170,24 +183,22 @@ class Decoding:
         #    decoding computes them (a batch-invariant target gives identical logits).
         policy, drafter, room = self.policy, self.drafter, self.room
         prefill = self.emitted == 0  # the first call: the prompt (or what a reused prefix left of it)
-        if hasattr(policy, "context_length"):  # verification costs more rows of attention as the context grows
-            policy.context_length = len(self.context)
+        policy.context_length = len(self.context)  # verification costs more rows of attention as it grows
         if prefill:
             g, shadow = 0, False
         elif gamma is None:
             g, shadow = policy.plan(room)
         else:
             g = max(0, min(gamma, room))
-            shadow = g == 0 and room > 0 and hasattr(policy, "shadow") and policy.shadow()
+            shadow = g == 0 and room > 0 and policy.shadow()
 
         # 2. Draft.
         t0 = self.clock()
         # A tree of guesses is drafted to the policy's widest budget, then cut by its cost model. A
         # sampled tree (`drafters.tree`) keeps the size planned before drafting: cutting it by the
         # tokens drawn would bias the output.
-        sized = g and gamma is None and self.trees and self.lenience == 1 and getattr(
-            drafter, "proposes_trees", False) and not getattr(drafter, "samples_trees", False) and hasattr(
-            policy, "tree_size")
+        sized = (g and gamma is None and self.trees and self.lenience == 1 and drafter.proposes_trees
+                 and not drafter.samples_trees and policy.sizes_trees)
         budget = max(g, min(policy.max_gamma, room)) if sized else g
         draft = drafter.propose(self.context, budget) if g else NO_DRAFT
         shadow_draft = drafter.propose(self.context, 1) if shadow else None
@@ -197,7 +208,7 @@ class Decoding:
         elif sized and draft.reach is not None:
             draft = draft.prefix(policy.tree_size(draft.reach, room))
             draft = draft if draft.gamma else NO_DRAFT
-        forecast = getattr(policy, "forecast", None) if not prefill and gamma is None else None
+        forecast = policy.forecast if not prefill and gamma is None else None
         if forecast is not None and not draft.gamma:  # the drafter found nothing to propose: a plain step
             forecast = (1.0, 1.0)
         if shadow_draft is not None:
@@ -214,7 +225,7 @@ class Decoding:
         if draft.parents is not None:
             u = unseen.shape[1]
             parents = list(range(-1, u - 1)) + [u - 1 if p < 0 else u + p for p in draft.parents]
-        self._pending = (draft, shadow_draft, prefill, t0, t1, unseen.shape[1], len(self.cache), forecast)
+        self._pending = _Pending(draft, shadow_draft, prefill, t0, t1, unseen.shape[1], len(self.cache), forecast)
         return ForwardCall(tokens, self.cache, num_logits=draft.gamma + 1, parents=parents)
 
     def complete(self, logits: torch.Tensor, started: float | None = None, rows: int | None = None) -> Step:
@@ -224,20 +235,19 @@ class Decoding:
         self._pending = None
         began = t1 if started is None else started  # the forward's start
         g, cache, drafter, policy = draft.gamma, self.cache, self.drafter, self.policy
-        if draft.parents is None:
-            # 4. Speculative sampling: keep n draft tokens, add one corrected or bonus token.
-            new, n, betas = _sample(draft, shadow_draft, logits, self.params, self.gen, self.lenience)
-            t2 = self.clock()
-            # 5. Roll back: the target cache now holds context + g drafts; keep context + n accepted.
-            #    The extra token is the newest context token: it is fed with the next draft. When all g
-            #    were accepted nothing is trimmed, and the drafter catches up on its last token itself.
+        # 4. Verify (`verify.verify_draft`): keep n draft tokens (a chain's prefix, a tree's path), add
+        #    one corrected or bonus token.
+        outcome = verify_draft(draft, shadow_draft, logits, self.params, self.gen, self.lenience)
+        t2 = self.clock()
+        new, n, betas = outcome.tokens, outcome.num_accepted, outcome.betas
+        # 5. Roll back: the target cache now holds context + g drafts; keep context + n accepted.
+        #    The extra token is the newest context token: it is fed with the next draft. When all g
+        #    were accepted nothing is trimmed, and the drafter catches up on its last token itself.
+        if outcome.path is None:
             cache.trim(g - n)
         else:  # a tree: every node scored in one call, then one root-to-node path kept
-            new, path, betas = _walk_tree(draft, logits, self.params, self.gen)
-            t2 = self.clock()
-            n = len(path)
-            cache.keep(start + u, [start + u + i for i in path])
-            if draft.reach is not None and hasattr(policy, "observe_tree"):
+            cache.keep(start + u, [start + u + i for i in outcome.path])
+            if draft.reach is not None:
                 policy.observe_tree(sum(draft.reach), n)
         drafter.accept(n)
         if not prefill:  # the prefill says nothing about step costs
@@ -256,136 +266,6 @@ class Decoding:
                     tree=draft.parents is not None, forecast=forecast)
 
 
-def _sample(draft: Draft, shadow: Draft | None, logits: torch.Tensor, params: SamplingParams,
-            gen: torch.Generator, lenience: float) -> tuple[list[int], int, list[float]]:
-    """Step 4 of the loop on logits [1, g+1, V]: (emitted tokens, num_accepted, betas).
-
-    betas: sum_x min(p, q) at draft positions 0..min(n, g-1), whose prefixes the target kept; with
-    nothing to verify, at the shadow proposal (if any)."""
-    g = draft.gamma
-    if g == 0:  # nothing to verify: the one token is drawn exactly as plain decoding draws it
-        return _plain_step(logits[:, -1], params, gen, shadow)
-    if params.is_greedy:
-        return _greedy_verify(draft, logits, params)
-    target_probs = params.probs(logits)  # [1, g+1, V]
-    draft_probs = match_vocab(draft.probs, target_probs.shape[-1])  # [1, g, V] or None
-    verdict = verify(draft.tokens, draft_probs, target_probs, gen, lenience)
-    n = int(verdict.num_accepted[0])
-    kept = min(n + 1, g)
-    betas = draft_acceptance(draft.tokens[0, :kept], None if draft_probs is None else draft_probs[0, :kept],
-                             target_probs[0, :kept])
-    return verdict.emitted(0), n, betas.tolist()
-
-
-def _walk_tree(draft: Draft, logits: torch.Tensor, params: SamplingParams,
-               gen: torch.Generator) -> tuple[list[int], list[int], list[float]]:
-    """Verify a draft tree in one pass over the target's logits [1, g+1, V] (row 0 after the
-    context, row 1 + i after node i), walking down from the root:
-
-    - deterministic guesses (draft.probs None): draw the target's token where the walk stands; if
-      a child guessed it, step into that child and draw again, else emit it and stop. Every token
-      is the target's own draw; the draft only decides how many draws one call serves.
-    - sampled children (`drafters.tree`): recursive rejection (SpecInfer's multi-candidate
-      speculative sampling, children drawn without replacement). With p the target's distribution
-      and q the one the children were drawn from, try them in drawing order: accept child x with
-      probability min(1, p(x)/q(x)) and step into it; on a rejection p <- norm(max(0, p - q)) and
-      q <- q without x, renormalised (the next child was drawn from exactly that); if none is
-      accepted, emit a draw from the last p. Each try is one speculative-sampling step (Leviathan
-      et al., Algorithm 1) whose rejected branch continues with the residual, so the emitted token
-      is distributed as p.
-
-    Returns (emitted tokens, the kept nodes, betas: at each node with children that the walk
-    reached, the chance of going on: the target's mass on the children, or 1 - prod_j (1 - beta_j)
-    over the tries with beta_j = sum_x min(p_j, q_j))."""
-    guesses = draft.tokens[0].tolist()
-    children: dict[int, list[int]] = {}
-    for node, parent in enumerate(draft.parents):
-        children.setdefault(parent, []).append(node)
-    path, betas, node = [], [], -1
-    while True:
-        row = logits[0, node + 1]  # [V]
-        kids = children.get(node, [])
-        if draft.probs is not None and kids:
-            follow, token, beta = _try_children(kids, guesses, draft.probs[0], params.probs(row), gen)
-            betas.append(beta)
-        else:
-            if params.is_greedy:
-                token = int(draw(row, params))
-                if kids:
-                    betas.append(float(any(guesses[k] == token for k in kids)))
-            else:
-                probs = params.probs(row)
-                token = int(sample(probs, gen))
-                if kids:
-                    betas.append(float(probs[[guesses[k] for k in kids]].sum()))
-            follow = next((k for k in kids if guesses[k] == token), None)
-        if follow is None:
-            return [guesses[k] for k in path] + [token], path, betas
-        path.append(follow)
-        node = follow
-
-
-def _try_children(kids: list[int], guesses: list[int], draft_probs: torch.Tensor, p: torch.Tensor,
-                  gen: torch.Generator) -> tuple[int | None, int | None, float]:
-    """Recursive rejection at one node (see `_walk_tree`): kids in drawing order, draft_probs
-    [g, V], p [V]. Returns (the accepted child or None, the emitted token when none was, beta)."""
-    q = draft_probs[kids[0]]  # [V]: every child of a node was drawn from the node's q
-    missed = 1.0
-    for k in kids:
-        x = guesses[k]
-        missed *= 1.0 - float(torch.minimum(p, q).sum())
-        ratio = float(p[x]) / float(q[x]) if q[x] > 0 else 0.0
-        if float(torch.rand(1, generator=gen, dtype=torch.float64)) < ratio:
-            return k, None, 1.0 - missed
-        p = residual(p, q)
-        q = q.clone()
-        q[x] = 0.0
-        rest = float(q.sum())
-        if rest <= 0:
-            break
-        q = q / rest
-    return None, int(sample(p, gen)), 1.0 - missed
-
-
-def _greedy_verify(draft: Draft, logits: torch.Tensor, params: SamplingParams) -> tuple[list[int], int, list[float]]:
-    """`verify`'s outcome for a greedy target, without its full-vocabulary work (about 1 ms a call at
-    SmolLM2's 49152 tokens, a fifth of a step): p_i is a point mass on the argmax a_i, so draft token
-    x_i is accepted iff x_i = a_i (p/q >= 1 there for any q and lenience, p = 0 elsewhere), and the
-    token after the accepted run, residual or bonus, is a_n. betas: sum_x min(p_i, q_i) = q_i(a_i),
-    1 or 0 for a point-mass draft."""
-    best = draw(logits[0], params).tolist()  # [g+1]: a_0..a_g
-    proposed = draft.tokens[0].tolist()
-    n = 0
-    while n < len(proposed) and proposed[n] == best[n]:
-        n += 1
-    kept = min(n + 1, len(proposed))
-    if draft.probs is None:
-        betas = [float(proposed[i] == best[i]) for i in range(kept)]
-    else:
-        q = match_vocab(draft.probs, logits.shape[-1])[0]  # [g, V]
-        betas = [float(q[i, best[i]]) for i in range(kept)]
-    return proposed[:n] + [best[n]], n, betas
-
-
-def _plain_step(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator,
-                shadow: Draft | None) -> tuple[list[int], int, list[float]]:
-    """One token from logits [1, V] with no draft to verify (speculative sampling with gamma = 0
-    reduces to this: the same token, the same random draw as `draw`), and the shadow proposal's
-    acceptance probability when there is one. Skips the verifier's full-vocabulary bookkeeping,
-    which costs a noticeable share of a fast target's step."""
-    target_probs = None if params.is_greedy else params.probs(logits)  # [1, V]
-    token = int(draw(logits, params) if target_probs is None else sample(target_probs, gen))
-    if shadow is None or shadow.gamma == 0:
-        return [token], 0, []
-    if target_probs is None and shadow.probs is None:  # greedy, a guess: beta is whether it is the argmax
-        return [token], 0, [float(int(shadow.tokens[0, 0]) == token)]
-    if target_probs is None:
-        target_probs = params.probs(logits)  # greedy: a point mass on `token`
-    draft_probs = match_vocab(shadow.probs, target_probs.shape[-1])  # [1, 1, V] or None
-    beta = draft_acceptance(shadow.tokens[0], None if draft_probs is None else draft_probs[0], target_probs)
-    return [token], 0, beta.tolist()
-
-
 def autoregressive_decode(
     target: Model,
     prompt: Sequence[int],
@@ -397,7 +277,7 @@ def autoregressive_decode(
     eos_token_ids: Sequence[int] | None = None,
 ) -> Iterator[Step]:
     """The baseline: one target call per token, through the same model interface."""
-    _check_request(target, prompt, max_new_tokens)
+    check_request(target, prompt, max_new_tokens)
     eos = frozenset(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
     gen = make_generator(seed, generator, target.device)
     limit = target.max_positions

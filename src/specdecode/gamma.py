@@ -27,25 +27,59 @@ from .options import check_gamma
 
 
 class GammaPolicy(Protocol):
+    """What the decode loop asks of a policy."""
+
+    max_gamma: int  # the widest draft it plans (a draft tree is drafted to this, then cut by tree_size)
+    context_length: int  # set by the loop before each plan: verifying rows costs more as the context grows
+    forecast: tuple[float, float] | None  # what the last plan expects of its call: (tokens, cost in steps)
+    sizes_trees: bool  # tree_size cuts a tree by its nodes' estimated reach
+
     def plan(self, room: int) -> tuple[int, bool]:
         """(draft length in 0..room, whether to score a one-token shadow proposal when it is 0)."""
+
+    def shadow(self) -> bool:
+        """With a draft length imposed from outside (a batch's plan) of 0: score a shadow proposal now?"""
+
+    def tree_size(self, reach: Sequence[float], limit: int) -> int:
+        """How many of a draft tree's nodes (best first, each with its estimated reach) to verify."""
 
     def observe(self, betas: Sequence[float], verified: int, target_seconds: float, draft_seconds: float,
                 drafted: int) -> None:
         """One iteration after the prefill: acceptance probabilities seen, tokens verified in the
         target call, what the call and the drafting cost, and how many tokens were drafted."""
 
+    def observe_tree(self, predicted: float, accepted: int) -> None:
+        """A verified tree: the summed reach of its nodes, and the depth the target accepted."""
+
+
+POLICY_MEMBERS = ("max_gamma", "context_length", "forecast", "sizes_trees", "plan", "shadow", "tree_size",
+                  "observe", "observe_tree")
+
 
 class FixedGamma:
-    """The paper's setting: the same gamma every iteration (fewer only near the length limit)."""
+    """The paper's setting: the same gamma every iteration (fewer only near the length limit). It
+    predicts nothing (`forecast` None), never shadows, and verifies a tree whole."""
+
+    forecast = None
+    sizes_trees = False
 
     def __init__(self, gamma: int) -> None:
-        self.gamma = check_gamma(gamma)
+        self.gamma = self.max_gamma = check_gamma(gamma)
+        self.context_length = 0
 
     def plan(self, room: int) -> tuple[int, bool]:
         return min(self.gamma, room), False
 
+    def shadow(self) -> bool:
+        return False
+
+    def tree_size(self, reach, limit: int) -> int:
+        return min(len(reach), limit)
+
     def observe(self, betas, verified, target_seconds, draft_seconds, drafted) -> None:
+        pass
+
+    def observe_tree(self, predicted, accepted) -> None:
         pass
 
 
@@ -56,7 +90,10 @@ def as_policy(gamma: "int | str | GammaPolicy", target=None, max_gamma: int = 8)
     """An integer becomes a FixedGamma, "auto" an AdaptiveGamma fed by the target's measured
     verification curve (profiled once per machine and kernel build, then cached), and a policy is
     used as it is."""
-    if hasattr(gamma, "plan") and hasattr(gamma, "observe"):
+    if hasattr(gamma, "plan"):
+        missing = [name for name in POLICY_MEMBERS if not hasattr(gamma, name)]
+        if missing:
+            raise TypeError(f"{type(gamma).__name__} is not a gamma policy: it lacks {', '.join(missing)}")
         return gamma
     if gamma == AUTO:
         if target is None:
@@ -81,6 +118,8 @@ class AdaptiveGamma:
     `context_length` before each plan.
     decay: weight of the past in the exponential moving averages (per observed position).
     """
+
+    sizes_trees = True
 
     def __init__(self, verify_ratios: Sequence[float], max_gamma: int = 8, prior_alpha: float = 0.5,
                  prior_cost: float = 0.0, decay: float = 0.9, shadow_budget: float = 0.02,

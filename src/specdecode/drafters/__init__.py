@@ -1,9 +1,9 @@
-from .base import Draft, Drafter
+from .base import BaseDrafter, Draft, Drafter
 from .hybrid import LookupThenModelDrafter
 from .lookup import PromptLookupDrafter
 from .model import ModelDrafter
 from .ngram import NgramDrafter
 from .suffix import SuffixCache, SuffixDrafter
 
-__all__ = ["Draft", "Drafter", "LookupThenModelDrafter", "ModelDrafter", "NgramDrafter", "PromptLookupDrafter", "SuffixCache",
+__all__ = ["BaseDrafter", "Draft", "Drafter", "LookupThenModelDrafter", "ModelDrafter", "NgramDrafter", "PromptLookupDrafter", "SuffixCache",
            "SuffixDrafter"]

@@ -53,18 +53,55 @@ class Draft:
 
 
 class Drafter(Protocol):
+    """What the decode loop asks of a drafter (`BaseDrafter` gives every member but `propose` a default)."""
+
     # The vocabulary the drafter's token ids come from, or None when it only copies ids it was
     # given (then they are the target's ids by construction).
     vocab: Vocabulary | None
-    # Optional flags: `proposes_trees` (its drafts may be trees; a target without tree attention
-    # verifies their main chain) and `samples_trees` (the trees' children are sampled from q, so
-    # their size is planned before drafting rather than cut after it).
+    # Its drafts may be trees (a target without tree attention verifies their main chain).
+    proposes_trees: bool
+    # The trees' children are sampled from q: their size is planned before drafting, never cut after.
+    samples_trees: bool
 
     def reset(self, params: SamplingParams, generator: torch.Generator | None) -> None:
         """Start a new generation: forget any state, sample with these settings."""
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        """The new generation's prompt (a drafter may tell the prompt from the output)."""
 
     def propose(self, context: Sequence[int], gamma: int) -> Draft:
         """Up to gamma new tokens continuing `context` (the prompt plus everything emitted)."""
 
     def accept(self, num_accepted: int) -> None:
         """The target kept the first num_accepted proposed tokens (plus one of its own)."""
+
+
+class BaseDrafter:
+    """A `Drafter`'s defaults: target token ids, chains, no state between calls."""
+
+    vocab: Vocabulary | None = None
+    proposes_trees = False
+    samples_trees = False
+
+    def reset(self, params: SamplingParams, generator: torch.Generator | None) -> None:
+        pass
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def propose(self, context: Sequence[int], gamma: int) -> Draft:
+        raise NotImplementedError
+
+    def accept(self, num_accepted: int) -> None:
+        pass
+
+
+DRAFTER_MEMBERS = ("vocab", "proposes_trees", "samples_trees", "reset", "begin", "propose", "accept")
+
+
+def check_drafter(drafter) -> None:
+    """Refuse, naming what is missing, a drafter that lacks part of the protocol."""
+    missing = [name for name in DRAFTER_MEMBERS if not hasattr(drafter, name)]
+    if missing:
+        raise TypeError(f"{type(drafter).__name__} is not a drafter: it lacks {', '.join(missing)} "
+                        f"(subclass specdecode.drafters.BaseDrafter for the defaults)")

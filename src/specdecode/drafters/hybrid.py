@@ -14,12 +14,12 @@ from typing import Sequence
 import torch
 
 from ..sampling import SamplingParams
-from .base import Draft
+from .base import BaseDrafter, Draft
 from .lookup import PromptLookupDrafter
 from .model import ModelDrafter
 
 
-class LookupThenModelDrafter:
+class LookupThenModelDrafter(BaseDrafter):
     def __init__(self, model: ModelDrafter, min_match: int = 2, max_ngram: int = 3) -> None:
         self.lookup = PromptLookupDrafter(max_ngram=max(max_ngram, min_match), min_ngram=min_match)
         self.model = model

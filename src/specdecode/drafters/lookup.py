@@ -10,10 +10,10 @@ from typing import Sequence
 import torch
 
 from ..sampling import SamplingParams
-from .base import Draft
+from .base import BaseDrafter, Draft
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(BaseDrafter):
     """Find the most recent earlier occurrence of the context's last n tokens (longest n first,
     from max_ngram down to min_ngram) and propose the tokens that followed it.
 

@@ -8,10 +8,10 @@ import torch
 
 from ..models.base import Model
 from ..sampling import SamplingParams, draw, sample
-from .base import Draft
+from .base import BaseDrafter, Draft
 
 
-class ModelDrafter:
+class ModelDrafter(BaseDrafter):
     """Samples gamma tokens autoregressively from the draft model's adjusted distribution q
     (greedy: its argmax, returned as a deterministic draft, q a point mass).
 

@@ -19,11 +19,11 @@ import torch
 
 from ..models.base import Vocabulary
 from ..sampling import SamplingParams, sample
-from .base import Draft
+from .base import BaseDrafter, Draft
 from .tree import sample_tree
 
 
-class NgramDrafter:
+class NgramDrafter(BaseDrafter):
     """A k-gram model over token ids (order 1 = unigram, 2 = bigram, ...)."""
 
     def __init__(self, vocab: Vocabulary, order: int = 2, weights: Sequence[float] | None = None,

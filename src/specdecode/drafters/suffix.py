@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 
 from ..sampling import SamplingParams
-from .base import Draft
+from .base import BaseDrafter, Draft
 
 
 class Node:
@@ -155,8 +155,8 @@ def gc_paused():
     """Python's cyclic garbage collector off while a trie grows (restored as it was after).
 
     Every node is a tracked container, so indexing a prompt sets off collections that walk every
-    tracked object in the process (the loaded models' included): measured, a 700-token prompt took
-    96 ms to index with the collector on and 3.9 ms with it off. Tries hold no reference cycles
+    tracked object in the process (the loaded models' included), many times the indexing itself
+    (`benchmarks/results/spec_bench_suffix/`). Tries hold no reference cycles
     the collector would have to find: their nodes are freed by reference counting."""
     enabled = gc.isenabled()
     gc.disable()
@@ -181,8 +181,8 @@ class _Output:
 
 class SuffixCache:
     """The trie over earlier outputs that every request's drafter shares (the server keeps one per
-    draft), bounded to `max_nodes` nodes (measured: 275 bytes each in CPython, so the default 100k
-    hold ~27 MB) by removing the oldest outputs first. Thread-safe."""
+    draft), bounded to `max_nodes` nodes (a few hundred bytes each in CPython: the README gives the
+    default's measured size) by removing the oldest outputs first. Thread-safe."""
 
     def __init__(self, depth: int = 24, max_nodes: int = 100_000) -> None:
         if max_nodes < 1:
@@ -220,7 +220,7 @@ class SuffixCache:
             return self.trie.follow(ends, token)
 
 
-class SuffixDrafter:
+class SuffixDrafter(BaseDrafter):
     """Proposes the most frequent continuation of the longest earlier occurrence of the context's
     suffix, in this request (prompt and output) or, through `cache`, in earlier outputs.
 
