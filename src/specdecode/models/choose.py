@@ -1,8 +1,8 @@
 """`--backend auto` between engines that can both run a model: the one measured fastest here.
 
-Which engine decodes a Llama GGUF fastest depends on the CPU more than on the model: on an
-AVX512-BF16 host the native backend's step is under half of llama.cpp's, and on an AVX2 host with
-PyTorch's int4 kernel it was 9x slower. So on first use on a machine the candidates (the native
+Which engine decodes a Llama GGUF fastest depends on the CPU more than on the model (the kernel
+paths differ by instruction set, and so do llama.cpp's; `benchmarks/results/kernel_paths_avx2.md`
+and `int8_activations.md` show how far apart they can be). So on first use on a machine the candidates (the native
 backend on its kernel plan, llama.cpp where it is installed) are timed over k = 1, 2, 4, 8 new
 tokens after 256 cached positions, taking turns call by call (whatever else loads the machine
 then loads both alike), and the one with the best predicted decoding rate wins:

@@ -168,7 +168,7 @@ class Int8Linear(nn.Module):
     of float32's bytes, which a draft step on a CPU is bound by (its weights are evicted from the
     caches by every target step). PyTorch's weight-only int8 kernel with bf16 activations; float32
     in and out. `quantize` returns None where the kernel may not serve the shape (input widths not a
-    multiple of 16 gave wrong sums or crashed, measured; it asks for a multiple of 32) or does not
+    multiple of 16 gave wrong sums or crashed; it asks for a multiple of 32) or does not
     reproduce the dequantised product on a probe input to within 2% of the largest output."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor) -> None:  # q [out, in] int8; scale [out] bf16
@@ -208,11 +208,9 @@ class DraftNetModel:
 
     weights: "int8" (on a CPU) runs the products on int8 copies of the weights (`Int8Linear`);
     "float" keeps the net's own; "auto" (the default) is int8 where PyTorch's CPU kernels are built
-    for AVX2 or AVX-512 (its unvectorised int8 kernel was 7x slower than float32 for a draft layer:
-    ATEN_CPU_CAPABILITY=default), else float. Measured with the shipped SmolLM2 draft inside the
-    decode loop (2-core AMD EPYC, gamma 2): 2.4 ms a proposal against 5.7 in float32 and 4.3 with
-    the bf16 output head it had before, at the same alpha (0.268, 0.257, 0.269:
-    benchmarks/results/draft_weights.md)."""
+    for AVX2 or AVX-512 (its unvectorised int8 kernel, ATEN_CPU_CAPABILITY=default, is slower than
+    float32), else float. int8 reads a quarter of float32's bytes at the same alpha
+    (`benchmarks/results/draft_weights.md` has the three side by side)."""
 
     WEIGHTS = ("auto", "int8", "float")
 

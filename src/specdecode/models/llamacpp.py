@@ -26,8 +26,7 @@ first `llama_decode` (the whole Python process dies). Loading with the model par
 `use_extra_bufts = False` avoids it; `Llama(...)` does not expose that parameter, so `open_llama`
 sets it for every context specdecode opens (the model under test and the benchmark's anchors).
 The same setting on every host keeps the numerics the same on AMX and non-AMX machines; for
-Q4_1 weights (the embedded model) the repacked layouts do not apply anyway, and on a non-AMX
-host the step time measured the same with and without it.
+Q4_1 weights (the embedded model) the repacked layouts do not apply anyway.
 """
 
 from __future__ import annotations
