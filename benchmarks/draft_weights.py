@@ -23,6 +23,7 @@ from specdecode.models.default import trained_draft_path
 from specdecode.models.draftnet import DraftNetModel, load_draftnet
 from specdecode.models.load import load_model
 from specdecode.models.native.plan import cpu_name
+from record import publish
 
 SPEC_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 CATEGORIES = ["writing", "reasoning", "coding", "translation", "summarization", "qa", "math_reasoning", "rag"]
@@ -96,10 +97,7 @@ def main():
         alpha = sum(t["betas"]) / max(1, len(t["betas"]))
         lines.append(f"| {weights} | {t['proposals']} | {1e3 * t['seconds'] / max(1, t['proposals']):.3f} | "
                      f"{t['tokens'] / max(1, t['calls']):.3f} | {t['accepted']}/{t['proposed']} | {alpha:.3f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

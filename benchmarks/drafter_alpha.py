@@ -24,6 +24,7 @@ from specdecode.bench.prompts import SPEC_BENCH_TASKS, load_prompts
 from specdecode.drafters.ngram import NgramDrafter
 from specdecode.models.default import load_default_target
 from specdecode.models.load import load_model
+from record import publish
 
 SPEC_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 TASKS = ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"]
@@ -88,10 +89,7 @@ def main():
         "|---|---|" + "---|" * (len(TASKS) + 1),
         *rows,
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from specdecode.models.native import plan
 from specdecode.text import encode_prompt
 
 from kernel_paths import load_on_path
+from record import publish
 
 ROOT = Path(__file__).resolve().parents[1]
 CATEGORIES = ["writing", "reasoning", "coding", "translation", "summarization", "qa", "math_reasoning", "rag"]
@@ -103,10 +104,7 @@ def main() -> None:
     for name in engines:
         lines.append(f"| {name} | {statistics.mean(kl[name]):.5f} | {statistics.median(kl[name]):.5f} | "
                      f"{max(kl[name]):.5f} | {statistics.mean(prefix[name]):.1f} | {identical[name]}/{len(prompts)} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

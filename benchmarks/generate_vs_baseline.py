@@ -21,6 +21,7 @@ import torch
 from specdecode import PromptLookupDrafter, SamplingParams, Stats, encode_prompt, generate
 from specdecode.bench.prompts import load_prompts
 from specdecode.models.default import load_default_target
+from record import publish
 
 SPEC_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 
@@ -85,10 +86,7 @@ def main():
         lines.append(f"| {r['category']} | {r['question_id']} | {r['prompt_tokens']} | {r['method']} | {r['new_tokens']} "
                      f"| {r['tokens_per_call']:.2f} | {acc} | {alpha} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x "
                      f"| {'yes' if r['identical'] else 'no'} |")
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.out:
-        Path(args.out).write_text(report)
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import torch
 
 from specdecode.models.load import load_model
 from specdecode.models.native import plan
+from record import publish
 
 
 FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16")
@@ -117,10 +118,7 @@ def main() -> None:
     for rows in args.rows:
         times = medians_ms([products(m, rows) for m in natives], args.repeats)
         lines.append(f"| {rows} | " + " | ".join(f"{t:.2f}" for t in times) + " |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

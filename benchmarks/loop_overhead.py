@@ -25,6 +25,7 @@ from specdecode import AdaptiveGamma, PromptLookupDrafter, SamplingParams, autor
 from specdecode.analysis.measure import profile_model
 from specdecode.decode import speculative_decode
 from specdecode.models.load import load_model
+from record import publish
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "Write a short story about a robot who learns to paint."
@@ -82,10 +83,7 @@ def main():
         for name, values in rates.items():
             rate = statistics.median(values)
             lines.append(f"| {temperature:g} | {name} | {rate:.1f} | {rate / plain:.3f}x |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from specdecode.models.native.plan import c_compiler
+from record import publish
 
 SOURCE = r"""
 #include <immintrin.h>
@@ -99,10 +100,7 @@ def main() -> None:
     lines += ["", f"The floors: the least time the {BLOCK_MACS / 1e6:.0f}M + {HEAD_MACS / 1e6:.0f}M "
               "multiply-adds of SmolLM2's block products and LM head take for k rows at that rate on all cores "
               "(no unpacking, no memory traffic, nothing else of the step)."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

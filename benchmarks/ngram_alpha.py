@@ -21,6 +21,7 @@ from specdecode.analysis.measure import measure_alpha
 from specdecode.bench.prompts import load_prompts
 from specdecode.drafters.ngram import NgramDrafter
 from specdecode.models.default import load_default_target
+from record import publish
 
 SPEC_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 TOPICS = ["the ocean", "volcanoes", "a city park", "bread baking", "the moon", "chess", "rivers", "bees",
@@ -78,10 +79,7 @@ def main():
         "|---|---|" + "---|" * len(tasks),
         *rows,
     ]
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.out:
-        Path(args.out).write_text(report)
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import openai
+from record import cpu_model, publish
 
 CATEGORIES = ["writing", "reasoning", "coding", "translation", "summarization", "qa", "math_reasoning", "rag"]
 SPEC_TYPES = ["ngram-simple", "ngram-mod", "ngram-cache"]
@@ -202,19 +202,10 @@ def main() -> int:
                      f"{r['latency_p50']:.2f} s | {r['latency_p99']:.2f} s |")
     lines += ["", "Greedy text through `specdecode serve` equal to the library's `generate` of the same prompt: "
               + ", ".join(f"{name} {n}/{len(prompts)}" for name, n in same.items())]
-    report = "\n".join(lines) + "\n"
-    print(report)
+    publish(lines, args.out)
     if args.out:
-        Path(args.out).write_text(report)
         Path(args.out).with_suffix(".json").write_text(json.dumps(dict(rows=rows, identical=same), indent=1))
     return 0
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from openai import OpenAI
 from specdecode.models.native import plan
 
 from loadtest import served
+from record import publish
 
 FIRST = ["Ada", "Ben", "Chloe", "Dmitri", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kemi", "Luca"]
 LAST = ["Moreau", "Okafor", "Svensson", "Tanaka", "Alvarez", "Novak", "Kowalski", "Haddad", "Byrne", "Rossi"]
@@ -91,10 +92,7 @@ def main() -> int:
         (plain, _), (lookup, lookup_calls), (suffix, suffix_calls) = (rate(m, requests) for m in methods)
         lines.append(f"| {name} | {plain:.1f} | {lookup:.1f} | {suffix:.1f} | {lookup / plain:.2f}x | "
                      f"{suffix / plain:.2f}x | {lookup_calls:.2f} | {suffix_calls:.2f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    publish(lines, args.out)
     return 0
 
 

@@ -12,7 +12,8 @@ import platform
 import sys
 import threading
 import time
-from pathlib import Path
+
+from record import cpu_model
 
 PROMPTS = [
     "Summarize: the quick brown fox jumps over the lazy dog, then runs into the forest to hide behind a big old "
@@ -72,13 +73,6 @@ def main() -> int:
         with open(args.out, "a") as f:
             f.write(report)
     return 0
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
 
 
 if __name__ == "__main__":

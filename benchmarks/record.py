@@ -1,0 +1,25 @@
+"""What every benchmark script does with its result: print it, and write it where --out says."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+
+def publish(lines: list[str], out: str | Path | None) -> str:
+    """The report (lines joined), printed, and written to `out` when given."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out:
+        Path(out).write_text(text)
+    return text
+
+
+def cpu_model() -> str:
+    """The CPU's model name as Linux reports it (the platform's processor elsewhere)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
