@@ -1,26 +1,16 @@
-/* Runs kernels.c's operations on fixed pseudo-random data and prints every result, so that two
- * builds of it (a vector path and the portable one, or a cross-compiled one under emulation) can be
- * compared bit for bit by tests/test_neon.py. Each operation also runs its rows one at a time and in
- * odd-sized groups; "rows-alone ok NAME" (or "rows-alone FAIL NAME") says whether every row came
- * out the same: the row invariance every path promises. Output lines: "NAME ok|FAIL" and
+/* Runs the C kernels' operations (src/specdecode/models/native/csrc/*.c, compiled with this file and
+ * -I that folder) on fixed pseudo-random data and prints every result, so that two builds of them (a
+ * vector path and the portable one, or a cross-compiled one under emulation) can be compared bit for
+ * bit by tests/test_neon.py. Each operation also runs its rows one at a time and in odd-sized
+ * groups; "rows-alone ok NAME" (or "rows-alone FAIL NAME") says whether every row came out the
+ * same: the row invariance every path promises. Output lines: "NAME ok|FAIL" and
  * "NAME <hex of the result bytes>". */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-const char *kernels_isa(void);
-int q4q8_matmul(const float *, const uint8_t *, const uint16_t *, float *, int, int, int, int);
-int q8q8_matmul(const float *, const uint8_t *, const float *, float *, int, int, int, int);
-int q4f_matmul(const float *, const uint8_t *, const uint16_t *, float *, int, int, int, int);
-int q8_matmul(const float *, const int8_t *, const float *, float *, int, int, int, int);
-void f32_matmul(const float *, const float *, float *, int, int, int, int);
-void rms_norm_f32(const float *, const float *, float *, int, int, float);
-void silu_mul_f32(const float *, float *, int, int);
-void rope_store_f32(const float *, const float *, const float *, float *, float *, float *, int, int, int, int, long,
-                    int);
-int attend_f32(const float *, const float *, const float *, float *, int, int, int, int, long, int, const int *, float,
-               int);
+#include "kernels.h"
 
 enum { ROWS = 7, IN = 576, OUT = 96, HEADS = 9, KV_HEADS = 3, HEAD_DIM = 64, POSITIONS = 64, FIRST = 20 };
 

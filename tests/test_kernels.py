@@ -19,7 +19,7 @@ C_PATHS = [p for p in plan.runnable_paths() if p != "torch"]
 
 @pytest.fixture(scope="module", params=C_PATHS)
 def lib(request):
-    """kernels.c built for one path (each runnable path in turn: an AVX-512 host tests AVX2 too)."""
+    """The C kernels built for one path (each runnable path in turn: an AVX-512 host tests AVX2 too)."""
     compiler = plan.c_compiler()
     assert compiler is not None, "no C compiler on this machine"
     built, isa, _ = plan._load(request.param, compiler)
@@ -88,7 +88,7 @@ def test_without_a_compiler_pytorch_ops_serve_and_the_plan_says_why(monkeypatch,
         assert type(kernels) is TorchKernels and kernels.plan.path == "torch"
         assert "no-such-compiler" in kernels.plan.reason
         monkeypatch.setenv(plan.ENV, C_PATHS[-1])  # a forced path that cannot be built is an error, not a fallback
-        with pytest.raises(plan.BuildError, match="could not build kernels.c"):
+        with pytest.raises(plan.BuildError, match="could not build csrc/"):
             make_kernels(H, HKV, HD, 576, torch.bfloat16)
     finally:
         monkeypatch.undo()
@@ -99,16 +99,17 @@ def test_without_a_compiler_pytorch_ops_serve_and_the_plan_says_why(monkeypatch,
 
 
 def test_a_kernel_source_that_does_not_build_falls_back_with_the_compilers_message(monkeypatch, tmp_path):
-    broken = tmp_path / "kernels.c"
-    broken.write_text(plan.SOURCE.read_text() + "\nthis line is not C;\n")
-    monkeypatch.setattr(plan, "SOURCE", broken)
+    broken = tmp_path / "csrc"
+    shutil.copytree(plan.CSRC, broken)
+    (broken / "attend.c").write_text((plan.CSRC / "attend.c").read_text() + "\nthis line is not C;\n")
+    monkeypatch.setattr(plan, "CSRC", broken)
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
     monkeypatch.delenv(plan.ENV, raising=False)
     plan.clear()
     try:
         with pytest.warns(RuntimeWarning, match="running PyTorch ops"):
             kernels = make_kernels(H, HKV, HD, 576, torch.float32)
-        assert type(kernels) is TorchKernels and "could not build kernels.c" in kernels.plan.reason
+        assert type(kernels) is TorchKernels and "could not build csrc/attend.c" in kernels.plan.reason
         assert "error" in kernels.plan.reason  # the compiler's own words
     finally:
         monkeypatch.undo()
@@ -165,7 +166,7 @@ def test_q8_head_reads_a_q8_grid_exactly_rows_alone_as_in_a_batch(lib):
 
 
 def test_q4_product_reads_a_q4_grid_exactly_rows_alone_as_in_a_batch(lib):
-    """kernels.c's 4-bit product with bf16 activations (AVX512-BF16): the Q4_1 grid's values, each row
+    """The C kernels' 4-bit product with bf16 activations (AVX512-BF16): the Q4_1 grid's values, each row
     computed alone."""
     ours = CKernels(lib, H, HKV, HD, torch.bfloat16)
     if not ours.q4:

@@ -1,9 +1,9 @@
-"""The aarch64 paths under emulation: tests/kernels_driver.c with kernels.c cross-compiled twice, for
-the `neon` path (ARMv8.2 with the dot-product extension: sdot integer products) and the `portable`
-one (ARMv8.0, without OpenMP: the library's own thread pool), both run by qemu-user on two
-threads. Each build must compute every row the same alone as in a batch; the integer products
-must give the same bits on both; and the float operations too, which on aarch64 are the same C
-compiled with and without the extension."""
+"""The aarch64 paths under emulation: tests/kernels_driver.c with the C kernels (every csrc/*.c)
+cross-compiled twice, for the `neon` path (ARMv8.2 with the dot-product extension: sdot integer
+products) and the `portable` one (ARMv8.0, without OpenMP: the library's own thread pool), both run
+by qemu-user on two threads. Each build must compute every row the same alone as in a batch; the
+integer products must give the same bits on both; and the float operations too, which on aarch64
+are the same C compiled with and without the extension."""
 
 import shutil
 import subprocess
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = [ROOT / "src/specdecode/models/native/kernels.c", ROOT / "tests/kernels_driver.c"]
+CSRC = ROOT / "src/specdecode/models/native/csrc"
+SOURCES = [*sorted(CSRC.glob("*.c")), ROOT / "tests/kernels_driver.c"]
 COMPILER, QEMU = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64") or shutil.which(
     "qemu-aarch64-static")
 
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.skipif(
 
 def run_build(tmp_path, name: str, march: str) -> dict[str, str]:
     binary = tmp_path / name
-    flags = ["-O3", f"-march={march}", "-static", "-Wno-psabi", "-pthread"]
+    flags = ["-O3", f"-march={march}", "-static", "-Wno-psabi", "-pthread", f"-I{CSRC}"]
     subprocess.run([COMPILER, *flags, *map(str, SOURCES), "-o", str(binary), "-lm"], check=True, capture_output=True,
                    text=True)
     done = subprocess.run([QEMU, "-cpu", "max", str(binary), "2"], capture_output=True, text=True, timeout=300)

@@ -4,19 +4,19 @@ activations), the LM head in 8-bit blocks (float32 or 8-bit activations), float3
 
 Each must compute a position exactly as it would be computed alone (the native backend's
 exactness). The small ones are dominated by PyTorch's per-op overhead at decode sizes: RMSNorm is
-eight ops (~17 us a call, 2.3 ms of a step), and row-invariant attention needs one fused-attention
-call per position and layer (~70 us each: ~13 ms of a k = 8 verification). The products are bound
-by unpacking quantised weights on 2 cores: the 4-bit ones unpack each weight once for up to 8
-(bf16) or 4 (float32) rows; the head (49152 x 576), which a GGUF stores as Q8_0, reads half of
-bf16's bytes in those 8-bit blocks. A BLAS float32 product sums in an order that depends on the
-row count, so float32 weights go through `f32_matmul`. `kernels.c` does each in one call, a row
-at a time in a fixed order; `plan.py` decides which build of it runs (AVX-512, AVX2, portable)
-and builds it once per machine. With 4-bit products and float32 activations (the AVX2 and
-portable paths) a decode forward's layers run in one call, `layers_q4f`, the same kernels in the
-same order: the ~9 calls and output tensors a layer costs from Python were 2.1 ms of an 8.6 ms
-step on a 2-core AVX2 EPYC. It takes the rows of several requests at once (ragged `Segment`s,
-each with its own cache): the products read the weights once for all of them. `TorchKernels` is
-the same interface in PyTorch ops, used where the plan has no C library: exact too, only slower.
+eight ops, and row-invariant attention needs one fused-attention call per position and layer (k of
+them a layer in a k-token verification). The products are bound by unpacking quantised weights on
+2 cores: the 4-bit ones unpack each weight once for up to 8 (bf16) or 4 (float32) rows; the head
+(49152 x 576), which a GGUF stores as Q8_0, reads half of bf16's bytes in those 8-bit blocks. A
+BLAS float32 product sums in an order that depends on the row count, so float32 weights go through
+`f32_matmul`. The C kernels (`csrc/`, their interface in `csrc/kernels.h`) do each in one call, a
+row at a time in a fixed order; `plan.py` decides which build of them runs (AVX-512, AVX2,
+portable) and builds it once per machine. With 4-bit products and float32 activations (the AVX2
+and portable paths) a decode forward's layers run in one call, `layers_q4f`, the same kernels in
+the same order, which saves the ~9 calls and output tensors a layer costs from Python. It takes
+the rows of several requests at once (ragged `Segment`s, each with its own cache): the products
+read the weights once for all of them. `TorchKernels` is the same interface in PyTorch ops, used
+where the plan has no C library: exact too, only slower.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from .plan import KernelPlan, kernel_plan
 
-LANES, MAX_HEAD_DIM = 16, 256  # as in kernels.c
+LANES, MAX_HEAD_DIM = 16, 256  # as in csrc/kernels.h
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -87,7 +87,7 @@ class TorchKernels:
         """q [T, H, hd] in cache slots p0.., keys/values [Hkv, P, hd] of one layer -> [T, H hd]: query t
         over the first p0 + t + 1 positions, or, given `parents` (a draft tree, see `tree_keys`), over
         the first p0 and its ancestors' and its own; one fused-attention call per position (4-d inputs
-        take PyTorch's fused CPU kernel; the 3-d form fell back to the unfused math path, 2x slower)."""
+        take PyTorch's fused CPU kernel; the 3-d form fell back to the slower unfused math path)."""
         H, Hkv, hd = self.heads, self.kv_heads, self.head_dim
         q = q.to(keys.dtype)
         rows = []
@@ -99,7 +99,7 @@ class TorchKernels:
 
 
 class CKernels(TorchKernels):
-    """The same operations through kernels.c."""
+    """The same operations through the C kernels (csrc/)."""
 
     def __init__(self, lib, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                  plan: KernelPlan | None = None, threads: int | None = None) -> None:
@@ -153,7 +153,7 @@ class CKernels(TorchKernels):
         return out
 
     def q8_matmul(self, x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        """x [T, in] @ W^T for W in Q8_0 blocks laid out as kernels.c's q8_matmul takes them:
+        """x [T, in] @ W^T for W in Q8_0 blocks laid out as the C kernels' q8_matmul takes them:
         q [out / 16, in, 16] int8, scales [out / 16, in / 32, 16] float32 -> [T, out] float32."""
         x = x.float().contiguous()
         T, (blocks, K, _) = x.shape[0], q.shape
@@ -165,12 +165,12 @@ class CKernels(TorchKernels):
 
     def q8q8_matmul(self, x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         """x [T, in] float32, quantised to 8 bits per group of 32 inside, @ W^T for W in Q8_0 blocks laid
-        out as kernels.c's q8q8_matmul takes them: q [out / 16, in / 32, 8, 16, 4] uint8 (q + 128),
+        out as the C kernels' q8q8_matmul takes them: q [out / 16, in / 32, 8, 16, 4] uint8 (q + 128),
         scales [out / 16, in / 32, 16] float32 -> [T, out] float32."""
         return self._grouped(self._q8q8_matmul, x, q, scales, "8-bit product")
 
     def q4_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
-        """x [T, in] bf16 @ W^T for W in Q4_1 groups laid out as kernels.c's q4_matmul takes them:
+        """x [T, in] bf16 @ W^T for W in Q4_1 groups laid out as the C kernels' q4_matmul takes them:
         q [out / 16, in / 4, 32] uint8, coef [out / 16, in / 32, 2, 16] float32 -> [T, out] bf16."""
         x = x.contiguous()
         T, (blocks, chunks, _) = x.shape[0], q.shape
@@ -181,13 +181,13 @@ class CKernels(TorchKernels):
         return y
 
     def q4f_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
-        """x [T, in] float32 @ W^T for W in Q4_1 groups laid out as kernels.c's q4f_matmul takes them:
+        """x [T, in] float32 @ W^T for W in Q4_1 groups laid out as the C kernels' q4f_matmul takes them:
         q [out / 16, in / 32, 16, 16] uint8, coef [out / 16, in / 32, 2, 16] float16 (d, m) -> [T, out] float32."""
         return self._grouped(self._q4f_matmul, x, q, coef, "4-bit product")
 
     def q4q8_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
         """x [T, in] float32, quantised to 8 bits per group of 32 inside, @ W^T for W in Q4_1 groups laid
-        out as kernels.c's q4q8_matmul takes them: q [out / 16, in / 32, 8, 32] uint8, coef as q4f's."""
+        out as the C kernels' q4q8_matmul takes them: q [out / 16, in / 32, 8, 32] uint8, coef as q4f's."""
         return self._grouped(self._q4q8_matmul, x, q, coef, "4-bit product")
 
     def _grouped(self, product, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor, what: str) -> torch.Tensor:
@@ -213,9 +213,9 @@ class CKernels(TorchKernels):
         """Every layer of a decode forward in one call (4-bit products, float32 residual stream, the
         products' inputs quantised to 8 bits where `int8_activations`): x [T, D] float32, the rows of
         `segments` in turn (one request each, with its own cache; one segment for a single forward),
-        updated in place and returned; weights [layers, 10] int64, the pointers kernels.c's layers_q4f
-        names; cos/sin [T, hd] of the rows' positions. The products run once over all T rows, RoPE and
-        the cache writes and the attention per segment over its own cache."""
+        updated in place and returned; weights [layers, 10] int64, the pointers the C kernels'
+        layers_q4f names; cos/sin [T, hd] of the rows' positions. The products run once over all T
+        rows, RoPE and the cache writes and the attention per segment over its own cache."""
         T, D = x.shape
         if sum(s.rows for s in segments) != T:
             raise ValueError(f"the segments hold {sum(s.rows for s in segments)} rows, x {T}")
@@ -245,7 +245,7 @@ class Segment(NamedTuple):
 
 
 def _pointer(parents: torch.Tensor | None) -> int | None:
-    """A draft tree's parents as kernels.c takes them (int32), or NULL for a chain."""
+    """A draft tree's parents as the C kernels take them (int32), or NULL for a chain."""
     if parents is None:
         return None
     assert parents.dtype == torch.int32 and parents.is_contiguous()

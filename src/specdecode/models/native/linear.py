@@ -1,4 +1,4 @@
-"""The native backend's products: bf16 through oneDNN (`Linear`), float32 through kernels.c
+"""The native backend's products: bf16 through oneDNN (`Linear`), float32 through the C kernels
 (`F32Linear`), 4-bit groups (`Int4Linear`) and 8-bit blocks (`Q8Linear`), each computing a row the
 same whatever else shares the call. `dense` picks the float one for a weight and a kernel plan."""
 
@@ -55,7 +55,7 @@ class Linear:
 
 
 class F32Linear:
-    """y = x W^T for a float32 weight through kernels.c's `f32_matmul` (layout [out / 16, in, 16]):
+    """y = x W^T for a float32 weight through the C kernels' `f32_matmul` (layout [out / 16, in, 16]):
     each row summed in one fixed order whatever the row count, with the weight read once for up
     to 4 rows."""
 
@@ -70,7 +70,7 @@ class F32Linear:
 
 def dense(weight: torch.Tensor, dtype: torch.dtype, kernels) -> Linear | F32Linear:
     """The row-invariant product of a float weight [out, in] in the activation dtype: oneDNN's bf16
-    (split, see `Linear`), kernels.c's float32 where the shape fits, else one call per row."""
+    (split, see `Linear`), the C kernels' float32 where the shape fits, else one call per row."""
     N, K = weight.shape
     if dtype == torch.float32 and hasattr(kernels, "f32_matmul") and N % 16 == 0 and K % 32 == 0:
         return F32Linear(weight, kernels)
@@ -91,10 +91,9 @@ class Int4Linear:
     minimum: w = scale * q + minimum, q in 0..15 (the GGUF Q4_1 block format): a quarter of the bf16
     bytes, which is what a decode step is bound by. Four kernels (`kind`):
 
-    - `q4`: `kernels.c`'s `q4_matmul` (bf16 activations on AVX512-BF16 CPUs): unpacks each weight once
-      per call for up to 8 rows into bf16 and multiplies with the bf16 dot product. Over SmolLM2's 120
-      block products, side by side with PyTorch's kernel: as fast for 1 row, 1.4x as fast for 4,
-      1.75x for 8 and 16 (`benchmarks/results/int4_products.md`).
+    - `q4`: the C kernels' `q4_matmul` (bf16 activations on AVX512-BF16 CPUs): unpacks each weight
+      once per call for up to 8 rows into bf16 and multiplies with the bf16 dot product, where
+      PyTorch's kernel unpacks again for every 4 rows (`benchmarks/results/int4_products.md`).
     - `q4f`: `q4f_matmul` (float32 activations, any C build: AVX2, portable): converts each nibble to
       float32 once for every two rows, with d and m kept in the file's float16.
     - `q4q8`: `q4q8_matmul` (activations quantised to 8 bits per group of 32 inside the call, as
@@ -154,7 +153,7 @@ class Int4Linear:
         coef = torch.cat([16 * scale, low - 16 * scale], dim=-1)  # a = 16 d, b = m - 16 d: [N, K/G, 2]
         coef = coef.view(N // 16, 16, K // cls.GROUP, 2).permute(0, 2, 3, 1).contiguous()  # [N/16, K/G, 2, 16]
         if getattr(kernels, "q4", False):
-            # kernels.c's layout: per 16 outputs and 4 inputs 32 bytes, byte 2o + j = q[o, j] | q[o, j + 2] << 4
+            # q4_matmul's layout: per 16 outputs and 4 inputs 32 bytes, byte 2o + j = q[o, j] | q[o, j + 2] << 4
             t = q.view(N // 16, 16, K // 4, 2, 2)  # [blocks, o, chunk, high nibble?, j]
             packed = (t[..., 0, :] | t[..., 1, :] << 4).transpose(1, 2).reshape(N // 16, K // 4, 32)  # o, j -> 2o + j
             return cls(packed, coef, N, kernels, kind="q4")
@@ -172,7 +171,7 @@ class Int4Linear:
 class Q8Linear:
     """y = x W^T with W held as int8 in groups of 32 inputs, each with one scale: w = scale * q (the
     GGUF Q8_0 block format, in which SmolLM2's file stores its tied embedding / LM head). Runs
-    through `kernels.c`: `q8_matmul` (float32 activations) or, with `int8_activations`, `q8q8_matmul`
+    through the C kernels: `q8_matmul` (float32 activations) or, with `int8_activations`, `q8q8_matmul`
     (the activations quantised to 8 bits too; integer dot products). Float32 out. Like
     `Int4Linear.quantize`, `quantize` returns None unless the weight already is such a grid, so
     nothing is requantised."""

@@ -95,10 +95,10 @@ class NativeLlama:
         if linears is None and dtype == "auto" and self.compute_dtype != activation_dtype():
             self._use(activation_dtype())  # not 4-bit groups: the widest fast float
         self.dtype = quantised if linears else str(self.compute_dtype).removeprefix("torch.")
-        # A prefill is compute-bound (each weight serves every prompt row): oneDNN's bf16 product ran a
-        # 256-row chunk ~2.8x faster than the int4 kernel, so the prompt goes through bf16 copies where the
-        # path runs bf16 (w4a8 too: its float32 stream is cast for them; 512 tokens 0.48 s against 0.83 s,
-        # on an earlier host), unless `row_invariant_prompts` (below) sends prompts through the decode path.
+        # A prefill is compute-bound (each weight serves every prompt row), which oneDNN's bf16 product
+        # serves better than the int4 kernels, so the prompt goes through bf16 copies where the path runs
+        # bf16 (w4a8 too: its float32 stream is cast for them), unless `row_invariant_prompts` (below)
+        # sends prompts through the decode path.
         prefill_dtype = activation_dtype() if self.dtype == "w4a8" else self.compute_dtype
         self.prefill_products = [{n: Linear(m.to(prefill_dtype)) for n, m in b.items()} for b in products]
         if linears is None and self.compute_dtype == torch.float32:  # BLAS float32 rows depend on the row count
@@ -123,9 +123,8 @@ class NativeLlama:
         self.cos, self.sin = emb.cos().to(self.compute_dtype), emb.sin().to(self.compute_dtype)
         self.layer_pointers = self._layer_pointers()
         # Where the 4-bit x 8-bit products have vector integer dot products, a prompt's rows go through
-        # the decode path as well (each row alone): on a 2-core AVX512-VNNI EPYC 40 tokens take 33 ms
-        # there against 53 ms through the bf16 copies, 512 tokens 416 against 440 ms; forced AVX2 36
-        # against 93 ms. Rows computed alone do not depend on what shares the call, so a batch may
+        # the decode path as well (each row alone), which those dot products make no slower than the
+        # bf16 copies. Rows computed alone do not depend on what shares the call, so a batch may
         # prefill prompts beside other requests' decode rows, in pieces of any size. Not with AMX
         # tiles, whose bf16 products serve a prompt faster, nor where the dot products are plain C.
         self.row_invariant_prompts = (self.layer_pointers is not None and self.dtype == "w4a8"
@@ -154,7 +153,7 @@ class NativeLlama:
         return dtype if dtype in NativeLlama.QUANTISED else None
 
     def _layer_pointers(self) -> torch.Tensor | None:
-        """The layers' weights as kernels.c's layers_q4f takes them ([layers, 10] int64 addresses of
+        """The layers' weights as the C kernels' layers_q4f takes them ([layers, 10] int64 addresses of
         tensors this model holds), where every product is 4-bit with float32 activations (q4f) or 8-bit
         ones (q4q8), all alike; else None."""
         if not isinstance(self.kernels, CKernels) or self.compute_dtype != torch.float32:

@@ -1,7 +1,7 @@
 """Which kernel path the native backend runs on this CPU, decided once and shown everywhere.
 
 Paths, best first:
-- `avx512`: `kernels.c` built for this CPU (`-march=native`) where it has AVX-512; with
+- `avx512`: the C kernels (`csrc/`) built for this CPU (`-march=native`) where it has AVX-512; with
   AVX512-BF16 the activations are bf16 and the 4-bit products use the bf16 dot product.
 - `avx2`: built for AVX2 + FMA + F16C (`-march=native -mno-avx512f` on x86, so an AVX-512 host runs
   exactly what an AVX2 host would): float32 activations, 4-bit products unpacked in integer ops.
@@ -22,6 +22,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -32,7 +33,8 @@ from pathlib import Path
 
 from ..files import cache_root
 
-SOURCE = Path(__file__).with_name("kernels.c")
+# The C kernels: every csrc/*.c compiled together into one library; csrc/kernels.h is their interface.
+CSRC = Path(__file__).with_name("csrc")
 PATHS = ("avx512", "avx2", "neon", "portable", "torch")
 COMMON_FLAGS = ["-O3", "-shared", "-fPIC", "-Wno-psabi"]
 ENV = "SPECDECODE_KERNELS"
@@ -110,12 +112,39 @@ class BuildError(RuntimeError):
     pass
 
 
+def sources() -> list[Path]:
+    """The kernels' C files, compiled together (each ISA file's `#if` keeps what the build has)."""
+    return sorted(CSRC.glob("*.c"))
+
+
+def _sources_digest() -> bytes:
+    """Every file of csrc (.c and .h) by name and content, for the build's cache key."""
+    digest = hashlib.sha256()
+    for file in sorted(f for f in CSRC.iterdir() if f.suffix in (".c", ".h")):
+        digest.update(file.name.encode() + b"\0" + file.read_bytes() + b"\0")
+    return digest.digest()
+
+
+_ERROR = re.compile(r"([\w.+-]+\.[ch]):\d+(?::\d+)?: (?:fatal )?error")
+
+
+def _build_failure(compiler: str, path: str, stderr: str) -> BuildError:
+    """The error for a failed build, naming the csrc file of the compiler's first error (csrc/ where it
+    names none: a link error) and quoting that error and the compiler's last lines."""
+    lines = stderr.strip().splitlines()
+    first = next((line for line in lines if _ERROR.search(line)), None)
+    where = f"{CSRC.name}/{_ERROR.search(first)[1]}" if first else f"{CSRC.name}/"
+    shown = ([first] if first and first not in lines[-3:] else []) + lines[-3:]
+    return BuildError(f"{compiler} could not build {where} for {path}: {' | '.join(shown)}")
+
+
 def build(path: str, compiler: str) -> Path:
-    """kernels.c compiled for `path`, built once per machine, source and flags, cached next to the
-    converted models (built aside and moved in whole: concurrent builds never load half a file)."""
+    """The C kernels (every csrc/*.c) compiled into one library for `path`, built once per machine,
+    source and flags, cached next to the converted models (built aside and moved in whole:
+    concurrent builds never load half a file)."""
     flags = COMMON_FLAGS + path_flags(path) + ["-pthread"]
     signature = "\n".join(sorted(cpu_flags())) + cpu_name()
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *flags, signature]).encode()).hexdigest()
+    key = hashlib.sha256(_sources_digest() + " ".join([compiler, *flags, signature]).encode()).hexdigest()
     target = cache_root() / "kernels" / f"kernels-{path}-{key[:16]}.so"
     if target.exists():
         return target
@@ -123,14 +152,13 @@ def build(path: str, compiler: str) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
-            subprocess.run([compiler, *flags, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True,
-                           check=True)
+            subprocess.run([compiler, *flags, f"-I{CSRC}", *map(str, sources()), "-o", str(built), "-lm"],
+                           capture_output=True, text=True, check=True)
             os.replace(built, target)
     except subprocess.CalledProcessError as e:
-        tail = (e.stderr or "").strip().splitlines()[-3:]
-        raise BuildError(f"{compiler} could not build {SOURCE.name} for {path}: {' | '.join(tail)}") from None
+        raise _build_failure(compiler, path, e.stderr or "") from None
     except OSError as e:
-        raise BuildError(f"could not build {SOURCE.name} for {path} with {compiler}: {e}") from None
+        raise BuildError(f"could not build {CSRC.name}/ for {path} with {compiler}: {e}") from None
     return target
 
 
@@ -140,7 +168,7 @@ def _expected_isa(path: str) -> tuple[str, ...]:
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Argument types of kernels.c's functions."""
+    """Argument types of the C kernels' functions: csrc/kernels.h is the source of truth for them."""
     p, i32 = ctypes.c_void_p, ctypes.c_int
     lib.kernels_isa.restype, lib.kernels_isa.argtypes = ctypes.c_char_p, []
     for name in ("attend_f32", "attend_bf16"):
@@ -171,7 +199,7 @@ def _load(path: str, compiler: str) -> tuple[ctypes.CDLL, str, str]:
     try:
         lib = _bind(ctypes.CDLL(str(built)))
     except (OSError, AttributeError) as e:
-        raise BuildError(f"the {path} build of {SOURCE.name} does not load here: {e}") from None
+        raise BuildError(f"the {path} build of {CSRC.name}/ does not load here: {e}") from None
     isa = lib.kernels_isa().decode()
     if isa not in _expected_isa(path):
         raise BuildError(f"the {path} build came out as {isa}: this CPU or compiler cannot run the {path} path")

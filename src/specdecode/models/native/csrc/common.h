@@ -1,0 +1,184 @@
+/* What the kernel files share: the includes, bf16 loads and stores, parallel_for (threads.c), the
+ * vector loads and exp of attention and silu_mul, attention's per-item function (attend.c, also run
+ * by layers.c), and the products' argument struct, 8-bit activations and block-function macros. */
+#ifndef SPECDECODE_COMMON_H
+#define SPECDECODE_COMMON_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+#if defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD)
+#include <arm_neon.h>
+#endif
+
+#include "arch-fallback.h"
+#include "kernels.h"
+
+/* A function one file defines for the others: not exported from the library. */
+#define INTERNAL __attribute__((visibility("hidden")))
+
+/* ---- threads (threads.c) ---------------------------------------------------------------------- */
+
+/* parallel_for(n, threads, fn, ctx): fn(ctx, i) for i in 0..n-1 on `threads` threads, in contiguous
+ * shares, on the library's one thread pool (threads.c says how and why not OpenMP). */
+typedef void (*index_fn)(void *ctx, int i);
+INTERNAL void parallel_for(int n, int threads, index_fn fn, void *ctx);
+
+/* ---- bf16 and float32 loads and stores -------------------------------------------------------- */
+
+static inline float load_f32(float x) { return x; }
+
+static inline float load_bf16(uint16_t x) {
+    uint32_t bits = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t store_bf16(float f) { /* round to nearest even, as PyTorch does */
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffff) > 0x7f800000) return (uint16_t)((bits >> 16) | 0x40); /* NaN stays NaN */
+    bits += 0x7fff + ((bits >> 16) & 1);
+    return (uint16_t)(bits >> 16);
+}
+
+static inline float store_f32(float f) { return f; }
+
+/* ---- vector loads and exp (attend.c, norm_rope.c's silu_mul) ---------------------------------- */
+
+#if KERNELS_AVX512
+static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
+static inline __m512 load16_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* 16 at a time: Cephes' expf polynomial, within 1.3 ulp of exp over [-87, 0] (checked). */
+static inline __m512 exp16(__m512 x) { /* x <= 88; below -87 it gives exp(-87) */
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+#elif KERNELS_AVX2
+static inline __m256 load8_f32(const float *p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8_bf16(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+/* 8 at a time: the same exp polynomial, with 2^n built in the exponent bits. */
+static inline __m256 exp8(__m256 x) { /* x clamped to [-87, 88] */
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23); /* 2^n */
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+/* ---- attention (attend.c; layers.c runs its items) -------------------------------------------- */
+
+typedef struct {
+    const float *q;
+    const void *k, *v;
+    void *out;
+    const int *parents; /* NULL: the new positions are a chain; else a tree (see attend) */
+    int queries, heads, group, head_dim, first_length, failed;
+    long kv_stride;
+    float scale;
+} attention_t;
+
+/* One (head, position) of attend_f32's arguments `ctx` (an attention_t), item = head * queries + position. */
+INTERNAL void attend_f32_item(void *ctx, int item);
+
+/* ---- products (matmul.c and its kernels matmul_*.c) ------------------------------------------- */
+
+/* A product's arguments, for its per-block function (16 outputs at a time) run by parallel_for. */
+typedef struct {
+    const void *x, *q, *coef, *extra; /* extra: the rows' group sums, or their quantised activations */
+    void *y;
+    int rows, in, out, failed;
+} product_t;
+
+/* The rows' sums of x over each group of 32 inputs, in a fixed order (float32 or bf16 x; matmul.c):
+ * [rows][in / 32], malloc'd (NULL when out of memory). */
+INTERNAL float *group_sums_f32(const float *x, int rows, int in);
+INTERNAL float *group_sums_bf16(const uint16_t *x, int rows, int in);
+
+/* Rows of activations quantised to 8 bits per group of 32 inputs (matmul.c's quantize_q8), as the
+ * q4q8 and q8q8 row kernels take them. */
+typedef struct {
+    int8_t *q;       /* [rows][in] */
+    float *d, *s;    /* [rows][in / 32]: dx and sx */
+    int32_t *sum;    /* [rows][in / 32]: sum of xq */
+} q8_rows_t;
+
+/* The block functions parallel_for runs, one 16-output block nb of every row (ctx: a product_t),
+ * each defined by the ISA file arch-fallback.h names, or by matmul_generic.c. */
+INTERNAL void f32_blocks(void *ctx, int nb);
+INTERNAL void q8_blocks(void *ctx, int nb);
+INTERNAL void q4f_blocks(void *ctx, int nb); /* extra: the rows' group sums */
+INTERNAL void q4q8_blocks(void *ctx, int nb); /* extra: the rows' 8-bit activations (q8_rows_t) */
+INTERNAL void q8q8_blocks(void *ctx, int nb); /* the same */
+
+/* CALL(r0, R) over rows 0.. in groups of at most MAX (1, 4 or 8), R a constant in each call, so that
+ * each ROWS_FN is compiled for every group size it takes. */
+#define FOR_ROW_GROUPS(MAX, rows, CALL) FOR_ROW_GROUPS_(MAX, rows, CALL)
+#define FOR_ROW_GROUPS_(MAX, rows, CALL)                                                         \
+    for (int r0 = 0; r0 < (rows); r0 += MAX) switch ((rows) - r0 >= MAX ? MAX : (rows) - r0) {  \
+        ROW_GROUP_CASES_##MAX(CALL)                                                              \
+        default: CALL(r0, 1);                                                                    \
+        }
+#define ROW_GROUP_CASES_1(CALL)
+#define ROW_GROUP_CASES_4(CALL) case 4: CALL(r0, 4); break; case 3: CALL(r0, 3); break; case 2: CALL(r0, 2); break;
+#define ROW_GROUP_CASES_8(CALL)                                                                  \
+    case 8: CALL(r0, 8); break; case 7: CALL(r0, 7); break; case 6: CALL(r0, 6); break;          \
+    case 5: CALL(r0, 5); break; ROW_GROUP_CASES_4(CALL)
+
+/* q4q8_blocks and q8q8_blocks over the file's q4q8_rows and q8q8_rows, rows in groups of at most
+ * MAX_ROWS (1, 4 or 8: what the row kernel takes at once). */
+#define Q4Q8_CALL(r0, R) q4q8_rows(p->extra, qb, cb, p->y, in, out, nb, r0, R)
+#define DEFINE_Q4Q8_BLOCKS(MAX_ROWS)                                                             \
+    INTERNAL void q4q8_blocks(void *ctx, int nb) {                                               \
+        const product_t *p = ctx;                                                                \
+        const int in = p->in, out = p->out;                                                      \
+        const uint8_t *qb = (const uint8_t *)p->q + (long)nb * in * 8;                           \
+        const uint16_t *cb = (const uint16_t *)p->coef + (long)nb * (in / 32) * 32;              \
+        FOR_ROW_GROUPS(MAX_ROWS, p->rows, Q4Q8_CALL)                                             \
+    }
+
+#define Q8Q8_CALL(r0, R) q8q8_rows(a, qb, sb, y, in, out, nb, r0, R)
+#define DEFINE_Q8Q8_BLOCKS(MAX_ROWS)                                                             \
+    INTERNAL void q8q8_blocks(void *ctx, int nb) {                                               \
+        const product_t *p = ctx;                                                                \
+        const q8_rows_t *a = p->extra;                                                           \
+        const int in = p->in, out = p->out, rows = p->rows;                                      \
+        const uint8_t *qb = (const uint8_t *)p->q + (long)nb * in * 16;                          \
+        const float *sb = (const float *)p->coef + (long)nb * (in / 32) * 16;                    \
+        float *y = p->y;                                                                         \
+        FOR_ROW_GROUPS(MAX_ROWS, rows, Q8Q8_CALL)                                                \
+    }
+
+#endif

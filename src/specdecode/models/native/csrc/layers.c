@@ -1,0 +1,92 @@
+/* layers_q4f: a decode forward's layers in one call. */
+#include "common.h"
+
+/* A decode forward's layers in one call, for the 4-bit products (q4f_matmul, or q4q8_matmul where
+ * int8_activations) with a float32 residual stream: the same
+ * kernels in the same order as model.py's per-operation loop, so each position's result is
+ * bit-identical to it; what it saves is the ~9 calls and output tensors a layer costs from Python.
+ * The rows are ragged: `count` segments, each one request's rows with its own cache (a table of
+ * SEGMENT_FIELDS int64 per segment, the enum below): its row count, its cache's k and v
+ * ([layers][kv_heads][positions][head_dim] float32, `positions` its own capacity), the first cache
+ * slot its rows are written at, and its draft tree's parents (int32, see attend; 0 for a chain).
+ * The products and norms run once over every row (each row computed alone: the weights are read
+ * once for all the requests); RoPE with the cache writes per segment, and the attention of each
+ * segment's rows over its own cache (one parallel loop over every segment's (head, row) items, each
+ * computed exactly as attend_f32 computes it). x [rows, dim] float32, the residual stream, the
+ * segments' rows in turn, updated in place; weights: LAYER_POINTERS per layer (the enum below);
+ * cos, sin [rows, head_dim] of the rows' positions. */
+enum { ATTN_NORM, MLP_NORM, QKV, QKV_COEF, O, O_COEF, GATE_UP, GATE_UP_COEF, DOWN, DOWN_COEF, LAYER_POINTERS };
+enum { SEG_ROWS, SEG_K, SEG_V, SEG_POSITIONS, SEG_FIRST, SEG_PARENTS, SEGMENT_FIELDS };
+
+typedef struct {
+    attention_t *a;   /* one per segment */
+    const int *start; /* segment s's items are start[s] .. start[s + 1] - 1 */
+    int count;
+} segment_attention_t;
+
+static void attend_segments_item(void *ctx, int item) {
+    const segment_attention_t *b = ctx;
+    int lo = 0, hi = b->count - 1; /* the segment holding `item`: the last s with start[s] <= item */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (b->start[mid] <= item) lo = mid;
+        else hi = mid - 1;
+    }
+    attend_f32_item(&b->a[lo], item - b->start[lo]);
+}
+
+int layers_q4f(float *x, int rows, const void *const *weights, int layers, const int64_t *segments, int count,
+               const float *cos, const float *sin, int dim, int heads, int kv_heads, int head_dim, int hidden,
+               float eps, float scale, int int8_activations, int threads) {
+    int (*product)(const float *, const uint8_t *, const uint16_t *, float *, int, int, int, int) =
+        int8_activations ? q4q8_matmul : q4f_matmul;
+    const int width = (heads + 2 * kv_heads) * head_dim, attn_width = heads * head_dim;
+    const long n = rows;
+    float *h = malloc(sizeof(float) * n * (dim + width + 2 * attn_width + 3 * hidden + dim));
+    attention_t *att = malloc(sizeof(attention_t) * (count > 0 ? count : 1));
+    int *start = malloc(sizeof(int) * (count + 1));
+    if (!h || !att || !start) {
+        free(h), free(att), free(start);
+        return 1;
+    }
+    float *qkv = h + n * dim, *q = qkv + n * width, *attn = q + n * attn_width, *gate_up = attn + n * attn_width,
+          *act = gate_up + n * 2 * hidden, *y = act + n * hidden;
+    start[0] = 0;
+    for (int s = 0, r = 0; s < count; s++) {
+        const int64_t *seg = segments + (long)s * SEGMENT_FIELDS;
+        int first = (int)seg[SEG_FIRST];
+        attention_t a = {q + (long)r * attn_width, NULL, NULL, attn + (long)r * attn_width,
+                         (const int *)(intptr_t)seg[SEG_PARENTS], (int)seg[SEG_ROWS], heads, heads / kv_heads,
+                         head_dim, first + 1, 0, seg[SEG_POSITIONS] * head_dim, scale};
+        att[s] = a;
+        r += (int)seg[SEG_ROWS];
+        start[s + 1] = start[s] + (int)seg[SEG_ROWS] * heads;
+    }
+    segment_attention_t batch = {att, start, count};
+    int failed = 0;
+    for (int l = 0; l < layers && !failed; l++) {
+        const void *const *w = weights + (long)l * LAYER_POINTERS;
+        rms_norm_f32(x, w[ATTN_NORM], h, rows, dim, eps);
+        failed |= product(h, w[QKV], w[QKV_COEF], qkv, rows, dim, width, threads);
+        for (int s = 0, r = 0; s < count; s++) {
+            const int64_t *seg = segments + (long)s * SEGMENT_FIELDS;
+            long kv_stride = att[s].kv_stride, layer_stride = kv_stride * kv_heads;
+            float *kl = (float *)(intptr_t)seg[SEG_K] + l * layer_stride, *vl = (float *)(intptr_t)seg[SEG_V] + l * layer_stride;
+            rope_store_f32(qkv + (long)r * width, cos + (long)r * head_dim, sin + (long)r * head_dim, q + (long)r * attn_width,
+                           kl, vl, att[s].queries, heads, kv_heads, head_dim, kv_stride, att[s].first_length - 1);
+            att[s].k = kl, att[s].v = vl;
+            r += att[s].queries;
+        }
+        parallel_for(start[count], threads, attend_segments_item, &batch);
+        for (int s = 0; s < count; s++) failed |= att[s].failed;
+        failed |= product(attn, w[O], w[O_COEF], y, rows, attn_width, dim, threads);
+        for (long i = 0; i < n * dim; i++) x[i] += y[i];
+        rms_norm_f32(x, w[MLP_NORM], h, rows, dim, eps);
+        failed |= product(h, w[GATE_UP], w[GATE_UP_COEF], gate_up, rows, dim, 2 * hidden, threads);
+        silu_mul_f32(gate_up, act, rows, hidden);
+        failed |= product(act, w[DOWN], w[DOWN_COEF], y, rows, hidden, dim, threads);
+        for (long i = 0; i < n * dim; i++) x[i] += y[i];
+    }
+    free(h), free(att), free(start);
+    return failed;
+}

@@ -1,0 +1,90 @@
+/* The product kernels on aarch64's dot-product extension (sdot): q4q8 and q8q8. The float products
+ * of an aarch64 build are matmul_generic.c's vector C. */
+#include "common.h"
+
+#if KERNELS_NEON_DOTPROD
+
+static inline float32x4_t load_half4(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+
+/* R rows (1-4) of one 16-output block with NEON sdot: a chunk's 32 bytes unpack to four vectors of
+ * 4 outputs x 4 inputs (weights 0..15 read as signed), and vdotq_s32 adds each output's 4 products
+ * to its int32 lane. */
+static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const uint16_t *cb,
+                                                            float *y, int in, int out, int nb, int r0, const int R) {
+    const int groups = in / 32;
+    const uint8x16_t nibble = vdupq_n_u8(15);
+    float32x4_t acc[4][4];
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < 4; k++) acc[r][k] = vdupq_n_f32(0);
+    for (int g = 0; g < groups; g++) {
+        const uint8_t *grp = qb + (long)g * 256;
+        __builtin_prefetch(grp + 8 * 256);
+        __builtin_prefetch(grp + 8 * 256 + 128);
+        int32x4_t S[4][4];
+        for (int r = 0; r < R; r++)
+            for (int k = 0; k < 4; k++) S[r][k] = vdupq_n_s32(0);
+        for (int c = 0; c < 8; c++) {
+            uint8x16_t v0 = vld1q_u8(grp + c * 32), v1 = vld1q_u8(grp + c * 32 + 16);
+            int8x16_t w[4] = {vreinterpretq_s8_u8(vandq_u8(v0, nibble)), vreinterpretq_s8_u8(vandq_u8(v1, nibble)),
+                              vreinterpretq_s8_u8(vshrq_n_u8(v0, 4)), vreinterpretq_s8_u8(vshrq_n_u8(v1, 4))};
+            for (int r = 0; r < R; r++) {
+                int32_t chunk;
+                memcpy(&chunk, a->q + (long)(r0 + r) * in + g * 32 + c * 4, 4);
+                int8x16_t xb = vreinterpretq_s8_s32(vdupq_n_s32(chunk));
+                for (int k = 0; k < 4; k++) S[r][k] = vdotq_s32(S[r][k], w[k], xb);
+            }
+        }
+        for (int k = 0; k < 4; k++) { /* outputs 4k..4k+3 */
+            float32x4_t d = load_half4(cb + g * 32 + 4 * k), m = load_half4(cb + g * 32 + 16 + 4 * k);
+            for (int r = 0; r < R; r++) {
+                const int at = (r0 + r) * groups + g;
+                float32x4_t inner = vfmaq_f32(acc[r][k], m, vdupq_n_f32(a->s[at]));
+                acc[r][k] = vfmaq_f32(inner, vmulq_f32(d, vdupq_n_f32(a->d[at])), vcvtq_f32_s32(S[r][k]));
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < 4; k++) vst1q_f32(y + (long)(r0 + r) * out + (long)nb * 16 + 4 * k, acc[r][k]);
+}
+
+DEFINE_Q4Q8_BLOCKS(4)
+
+/* NEON sdot: the weights' bytes (q + 128) made signed again by flipping their top bit. */
+static inline __attribute__((always_inline)) void q8q8_rows(const q8_rows_t *a, const uint8_t *qb, const float *sb,
+                                                            float *y, int in, int out, int nb, int r0, const int R) {
+    const int groups = in / 32;
+    const uint8x16_t flip = vdupq_n_u8(0x80);
+    float32x4_t acc[4][4];
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < 4; k++) acc[r][k] = vdupq_n_f32(0);
+    for (int g = 0; g < groups; g++) {
+        const uint8_t *grp = qb + (long)g * 512;
+        __builtin_prefetch(grp + 4 * 512);
+        __builtin_prefetch(grp + 4 * 512 + 256);
+        int32x4_t S[4][4];
+        for (int r = 0; r < R; r++)
+            for (int k = 0; k < 4; k++) S[r][k] = vdupq_n_s32(0);
+        for (int c = 0; c < 8; c++) {
+            int8x16_t w[4];
+            for (int k = 0; k < 4; k++) w[k] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(grp + c * 64 + 16 * k), flip));
+            for (int r = 0; r < R; r++) {
+                int32_t chunk;
+                memcpy(&chunk, a->q + (long)(r0 + r) * in + g * 32 + c * 4, 4);
+                int8x16_t xb = vreinterpretq_s8_s32(vdupq_n_s32(chunk));
+                for (int k = 0; k < 4; k++) S[r][k] = vdotq_s32(S[r][k], w[k], xb);
+            }
+        }
+        for (int k = 0; k < 4; k++) {
+            float32x4_t scale = vld1q_f32(sb + g * 16 + 4 * k);
+            for (int r = 0; r < R; r++) {
+                const int at = (r0 + r) * groups + g;
+                acc[r][k] = vfmaq_f32(acc[r][k], vmulq_f32(scale, vdupq_n_f32(a->d[at])), vcvtq_f32_s32(S[r][k]));
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < 4; k++) vst1q_f32(y + (long)(r0 + r) * out + (long)nb * 16 + 4 * k, acc[r][k]);
+}
+DEFINE_Q8Q8_BLOCKS(4)
+
+#endif
