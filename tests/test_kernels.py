@@ -272,10 +272,15 @@ def test_int8_activation_products_give_the_portable_bits_rows_alone_within_the_r
         Int4Linear.quantize(q4_grid(96, 576, gen), torch.float32, TorchKernels(H, HKV, HD), int8_activations=True)
 
 
-def test_the_clis_kernel_choices_are_the_plans_paths():
-    from specdecode.cli import KERNEL_PATHS
+def test_the_clis_kernel_choices_are_the_plans_paths(capsys):
+    from specdecode.cli import build_parser
 
-    assert KERNEL_PATHS == plan.PATHS
+    choices = "--kernels {" + ",".join(["auto", *plan.PATHS]) + "}"
+    for command in (["generate"], ["info"], ["alpha"], ["profile"], ["bench"], ["serve"], ["ngram", "fit"],
+                    ["distill"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([*command, "--help"])
+        assert choices in " ".join(capsys.readouterr().out.split()), command
 
 
 def test_the_pool_runs_calls_from_any_thread_with_the_same_results(lib):

@@ -1,5 +1,6 @@
 """The package's dependency picture: every module imports only modules of its own layer or below,
-so the pure pieces (sampling, the verifier, the formulas) never depend on what runs models."""
+so the pure pieces (sampling, the verifier, the formulas) never depend on what runs models; and no
+modules import each other in a circle, within a layer either."""
 
 import ast
 from pathlib import Path
@@ -17,8 +18,7 @@ LAYERS = [
     ["specdecode.stats", "specdecode.text", "specdecode.render"],
     ["specdecode.batch"],
     ["specdecode.analysis", "specdecode.bench", "specdecode.distill", "specdecode.server"],
-    # server.ray runs `specdecode serve` (the CLI's) on every replica of a Ray Serve application
-    ["specdecode.cli", "specdecode.__main__", "specdecode", "specdecode.server.ray"],
+    ["specdecode.cli", "specdecode.__main__", "specdecode"],
 ]
 
 
@@ -70,4 +70,47 @@ def test_the_check_sees_an_upward_import(tmp_path):
     """The rule above would catch the loop reaching up into the analysis tools."""
     assert layer("specdecode.decode") < layer("specdecode.analysis.measure")
     assert layer("specdecode.formulas") < layer("specdecode.gamma") < layer("specdecode.decode")
-    assert "specdecode.analysis.measure" in imports(ROOT / "cli.py")
+    assert "specdecode.analysis.measure" in imports(ROOT / "cli" / "analysis.py")
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Each module of the package -> the package's modules it imports."""
+    return {module_name(path): imports(path) for path in sorted(ROOT.rglob("*.py"))}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of the graph as the modules along it, the first repeated at the end; None if it has none."""
+    done, path = set(), []  # path: the modules being visited, each importing the next
+
+    def visit(node: str) -> list[str] | None:
+        path.append(node)
+        for target in sorted(graph.get(node, ())):
+            if target in path:
+                return path[path.index(target):] + [target]
+            if target not in done and (cycle := visit(target)):
+                return cycle
+        path.pop()
+        done.add(node)
+        return None
+
+    for node in sorted(graph):
+        if node not in done and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    cycle = find_cycle(module_graph())
+    assert cycle is None, "an import cycle: " + " -> ".join(cycle)
+
+
+def test_the_check_sees_a_cycle():
+    """The check above would catch a circle of any length, a module importing itself included."""
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a", "c"}}) is None
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"x": {"y"}, "y": {"z", "y"}, "z": set()}) == ["y", "y"]
+    # the circle there was: the server importing the command line back
+    graph = module_graph()
+    assert "specdecode.server.build" in graph["specdecode.cli.serve"]
+    graph["specdecode.server.build"] = graph["specdecode.server.build"] | {"specdecode.cli.serve"}
+    assert find_cycle(graph) == ["specdecode.cli.serve", "specdecode.server.build", "specdecode.cli.serve"]

@@ -51,13 +51,15 @@ def test_ray_options_are_checked_before_anything_starts(capsys, on_ray):
 
 
 def test_replica_options_fixed_or_autoscaling(on_ray):
-    from specdecode.cli import _parser
+    from specdecode.cli import build_parser
+    from specdecode.cli.serve import ray_options
 
-    fixed = on_ray.replica_options(_parser().parse_args(["serve", "--ray", "--replicas", "3", "--threads", "2"]))
+    fixed = on_ray.replica_options(ray_options(build_parser().parse_args(["serve", "--ray", "--replicas", "3",
+                                                                          "--threads", "2"])))
     assert fixed["num_replicas"] == 3 and fixed["ray_actor_options"] == {"num_cpus": 2}
     assert "autoscaling_config" not in fixed and fixed["max_ongoing_requests"] > 16 + 1  # the engine answers 429
-    scaled = on_ray.replica_options(_parser().parse_args(["serve", "--ray", "--min-replicas", "1",
-                                                          "--max-replicas", "4", "--replicas", "2"]))
+    scaled = on_ray.replica_options(ray_options(build_parser().parse_args(["serve", "--ray", "--min-replicas", "1",
+                                                                           "--max-replicas", "4", "--replicas", "2"])))
     config = scaled["autoscaling_config"]
     assert "num_replicas" not in scaled and scaled["ray_actor_options"] == {"num_cpus": 1}
     assert (config.min_replicas, config.max_replicas, config.initial_replicas) == (1, 4, 2)
@@ -165,7 +167,9 @@ def cluster():
     import uvicorn
     from ray import serve
 
-    from specdecode.cli import _parser, cmd_serve
+    from specdecode.cli import build_parser
+    from specdecode.cli.serve import ray_options, serve_options
+    from specdecode.server.build import build_app
     from specdecode.server.ray import APP, build
 
     threads = torch.get_num_threads()
@@ -179,8 +183,9 @@ def cluster():
     try:
         port = _free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build(_parser().parse_args([*SERVE, "--ray", "--replicas", "2"])), name=APP, route_prefix="/")
-        app = cmd_serve(_parser().parse_args(SERVE), app_only=True)  # the same options, in this process
+        serve.run(build(ray_options(build_parser().parse_args([*SERVE, "--ray", "--replicas", "2"]))), name=APP,
+                  route_prefix="/")
+        app = build_app(serve_options(build_parser().parse_args(SERVE))).app  # the same options, in this process
         local = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=_free_port(), log_level="warning"))
         thread = threading.Thread(target=local.run, daemon=True)
         thread.start()

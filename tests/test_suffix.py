@@ -3,10 +3,9 @@
 import random
 
 import pytest
-import torch
 
 from specdecode import SamplingParams, autoregressive_decode, speculative_decode
-from specdecode.drafters import PromptLookupDrafter, SuffixCache, SuffixDrafter
+from specdecode.drafters import SuffixCache, SuffixDrafter
 from specdecode.drafters.suffix import SuffixTrie
 from specdecode.stats import Stats
 from toy import ToyModel

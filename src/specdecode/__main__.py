@@ -1,3 +1,4 @@
+"""`python -m specdecode ARGS`: the command line, as the `specdecode` script runs it."""
 import sys
 
 from .cli import main

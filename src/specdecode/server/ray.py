@@ -4,12 +4,12 @@
     specdecode serve --ray --address auto --replicas 8     # replicas across a running cluster
     serve run specdecode.server.ray:app_builder replicas=2 threads=1 draft=suffix
 
-Two deployments. Each `Replica` builds what `specdecode serve` builds (cli.cmd_serve: one target,
-one engine with its queue, create_app's routes and validation) and runs the HTTP requests forwarded
-to it through that app. The `Ingress` takes every HTTP request, hands it to one replica and passes
-the answer back as it comes (streams too). It answers two routes itself, from every replica's
-own answer: GET /metrics sums the replicas' samples that have the same name and labels, and GET
-/health adds up their requests in flight.
+Two deployments. Each `Replica` builds what `specdecode serve` builds, from the same `ServeOptions`
+(build.build_app: one target, one engine with its queue, create_app's routes and validation) and
+runs the HTTP requests forwarded to it through that app. The `Ingress` takes every HTTP request,
+hands it to one replica and passes the answer back as it comes (streams too). It answers two routes
+itself, from every replica's own answer: GET /metrics sums the replicas' samples that have the same
+name and labels, and GET /health adds up their requests in flight.
 
 Routing: a request whose drafter remembers earlier outputs (`suffix`) carries its conversation: the
 `user` field, else the first user message, else the prompt's start. `ConversationRouter` sends it to
@@ -24,9 +24,7 @@ error event, then [DONE]), and Ray Serve starts a new replica.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import copy
 import hashlib
 import json
 import os
@@ -34,6 +32,7 @@ import random
 import signal
 import sys
 import time
+from dataclasses import dataclass, replace
 
 try:
     import ray
@@ -52,7 +51,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..drafters.spec import SUFFIX
-from ..options import check_positive
+from .build import ServeOptions, api_key_from_environment, build_app, check_positive_settings, option_name
 from .request import RequestError
 
 APP = "specdecode"
@@ -160,10 +159,12 @@ def _unavailable(err: Exception) -> JSONResponse:
 class Replica:
     """One engine and the app `specdecode serve` runs; `call` runs one forwarded HTTP request through it."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        from ..cli import cmd_serve
+    def __init__(self, options: ServeOptions) -> None:
+        if options.kernels:  # this replica's process runs the kernel path asked for, as `specdecode serve`'s does
+            from ..models.native.plan import ENV
 
-        self.app = cmd_serve(args, app_only=True)
+            os.environ[ENV] = options.kernels
+        self.app = build_app(options).app
         self.id = serve.get_replica_context().replica_id.unique_id
 
     async def call(self, route: str | None, method: str, path: str, query: bytes, headers: list, body: bytes):
@@ -291,93 +292,143 @@ class Ingress:
         return JSONResponse({**each[0], "in_flight": sum(h["in_flight"] for h in each), "replicas": len(each)})
 
 
-def check_options(args: argparse.Namespace) -> None:
-    """The Ray options' values; raises ValueError naming the one at fault."""
-    for name in ("replicas", "min_replicas", "max_replicas", "threads"):
-        if getattr(args, name) is not None:
-            check_positive("--" + name.replace("_", "-"), getattr(args, name))
-    if args.min_replicas is not None or args.max_replicas is not None:
-        low = args.min_replicas or 1
-        high = args.max_replicas or max(low, args.replicas or 1)
-        if low > high:
-            raise ValueError(f"--min-replicas {low} is above --max-replicas {high}")
-        if args.replicas is not None and not low <= args.replicas <= high:
-            raise ValueError(f"--replicas {args.replicas} is outside --min-replicas {low} .. --max-replicas {high}")
+@dataclass(frozen=True)
+class RayOptions:
+    """`specdecode serve --ray`: the options every replica serves with (`serve.host` and `serve.port`:
+    where Ray Serve's proxy listens), how many replicas, and the cluster; checked when made."""
+
+    serve: ServeOptions
+    replicas: int | None = None  # default 1; with autoscaling, how many start
+    min_replicas: int | None = None  # either bound set: autoscaling
+    max_replicas: int | None = None
+    address: str | None = None  # the cluster to join (auto or HEAD:6379); None: start one on this machine
+
+    def __post_init__(self) -> None:
+        check_positive_settings(self, "replicas", "min_replicas", "max_replicas")
+        check_positive_settings(self.serve, "threads")
+        if self.min_replicas is not None or self.max_replicas is not None:
+            low, high = self.bounds()
+            if low > high:
+                raise ValueError(f"--min-replicas {low} is above --max-replicas {high}")
+            if self.replicas is not None and not low <= self.replicas <= high:
+                raise ValueError(f"--replicas {self.replicas} is outside --min-replicas {low} .. --max-replicas {high}")
+
+    def bounds(self) -> tuple[int, int]:
+        """The autoscaling bounds: --min-replicas (default 1), --max-replicas (default: --replicas, at least
+        --min-replicas)."""
+        low = self.min_replicas or 1
+        return low, self.max_replicas or max(low, self.replicas or 1)
 
 
-def replica_options(args: argparse.Namespace) -> dict:
+def replica_options(options: RayOptions) -> dict:
     """The Replica deployment's options: a fixed count, or autoscaling bounds; one CPU per thread."""
-    threads = args.threads or 1
-    options = dict(ray_actor_options={"num_cpus": threads},
-                   max_ongoing_requests=args.max_queue + args.max_batch + SPARE_CALLS,
-                   request_router_config=RequestRouterConfig(request_router_class=ConversationRouter))
-    if args.min_replicas is None and args.max_replicas is None:
-        options["num_replicas"] = args.replicas or 1
+    serving = options.serve
+    result = dict(ray_actor_options={"num_cpus": serving.threads or 1},
+                  max_ongoing_requests=serving.max_queue + serving.max_batch + SPARE_CALLS,
+                  request_router_config=RequestRouterConfig(request_router_class=ConversationRouter))
+    if options.min_replicas is None and options.max_replicas is None:
+        result["num_replicas"] = options.replicas or 1
     else:
-        low = args.min_replicas or 1
-        high = args.max_replicas or max(low, args.replicas or 1)
-        options["autoscaling_config"] = AutoscalingConfig(min_replicas=low, max_replicas=high,
-                                                          initial_replicas=args.replicas or low,
-                                                          target_ongoing_requests=2)
-    return options
+        low, high = options.bounds()
+        result["autoscaling_config"] = AutoscalingConfig(min_replicas=low, max_replicas=high,
+                                                         initial_replicas=options.replicas or low,
+                                                         target_ongoing_requests=2)
+    return result
 
 
-def build(args: argparse.Namespace):
-    """The application for parsed `serve --ray` options: replicas running cmd_serve's app, one ingress."""
-    check_options(args)
-    replica_args = copy.copy(args)
-    replica_args.ray = False
-    replica_args.threads = args.threads or 1
-    replica_args.replicas = replica_args.min_replicas = replica_args.max_replicas = replica_args.address = None
-    if replica_args.api_key is None:  # the environment variable stays on this machine; the replicas get the key
-        replica_args.api_key = os.environ.get("SPECDECODE_API_KEY") or None
-    replicas = Replica.options(**replica_options(args)).bind(replica_args)
-    return Ingress.bind(replicas, args.draft, args.max_body_bytes)
+def build(options: RayOptions):
+    """The application: replicas each running build_app on the same serve options (one thread each
+    unless --threads; the API key as the options carry it: $SPECDECODE_API_KEY was read where they
+    were made), one ingress in front."""
+    serving = replace(options.serve, threads=options.serve.threads or 1)
+    replicas = Replica.options(**replica_options(options)).bind(serving)
+    return Ingress.bind(replicas, serving.draft, serving.max_body_bytes)
+
+
+def _gamma_value(text: str) -> int | str:
+    return text if text == "auto" else int(text)
+
+
+FLAGS = {"metrics_open", "ray"}
+# `specdecode serve`'s options that take a value: how `serve run` reads it (a name: one of those choices)
+VALUES = {"target": str, "draft": str, "backend": "backends", "draft_backend": "backends",
+          "min_draft_confidence": float, "threads": int, "kernels": "kernels", "dtype": str, "device": str,
+          "also_draft": str, "gamma": _gamma_value, "max_gamma": int, "host": str, "port": int, "model_name": str,
+          "max_batch": int, "max_queue": int, "max_tokens": int, "api_key": str, "max_body_bytes": int,
+          "replicas": int, "min_replicas": int, "max_replicas": int, "address": str}
+SCALING = ("replicas", "min_replicas", "max_replicas", "address")
+
+
+def options_from_config(config: dict) -> RayOptions:
+    """`serve run`'s KEY=VALUE pairs as options: the keys are `specdecode serve`'s options without the
+    dashes (max_queue=4 is --max-queue 4); a flag takes true. The API key defaults to $SPECDECODE_API_KEY
+    on the machine that deploys, as with `specdecode serve --ray`."""
+    from ..models.load import BACKENDS
+    from ..models.native.plan import PATHS
+
+    choices = {"backends": BACKENDS, "kernels": ("auto", *PATHS)}
+    given, values, refused = [], {}, False
+    for key, value in config.items():
+        key, text = str(key), str(value)
+        flag = text.lower() == "true"
+        given += [option_name(key)] if flag else [option_name(key), text]
+        read = VALUES.get(key)
+        if key in FLAGS and flag:
+            values[key] = True
+        elif read is None or flag:  # not an option, or a flag given a value, or an option given none
+            refused = True
+        elif read in choices:
+            refused |= text not in choices[read]
+            values[key] = text
+        else:
+            try:
+                values[key] = read(text)
+            except ValueError:
+                refused = True
+    if refused:  # the whole line, as the command line's parser refused it
+        raise ValueError(f"these options are not `specdecode serve`'s: {' '.join(given)}")
+    serving = {k: v for k, v in values.items() if k not in (*SCALING, "ray", "min_draft_confidence")}
+    if "also_draft" in serving:
+        serving["also_drafts"] = (serving.pop("also_draft"),)
+    if "model_name" in serving:
+        serving["model_names"] = (serving.pop("model_name"),)
+    serving["api_key"] = api_key_from_environment(serving.get("api_key"))
+    return RayOptions(ServeOptions(**serving), **{k: values[k] for k in SCALING if k in values})
 
 
 def app_builder(config: dict):
-    """For `serve run specdecode.server.ray:app_builder KEY=VALUE ...`: the keys are `specdecode serve`'s
-    options without the dashes (max_queue=4 is --max-queue 4); a flag takes true."""
-    from ..cli import _parser
-
-    argv = ["serve", "--ray"]
-    for key, value in config.items():
-        option = "--" + str(key).replace("_", "-")
-        argv += [option] if str(value).lower() == "true" else [option, str(value)]
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit:  # argparse printed what it refused
-        raise ValueError(f"these options are not `specdecode serve`'s: {' '.join(argv[2:])}") from None
-    return build(args)
+    """For `serve run specdecode.server.ray:app_builder KEY=VALUE ...` (see options_from_config)."""
+    return build(options_from_config(config))
 
 
-def serve_on_ray(args: argparse.Namespace) -> int:
+def serve_on_ray(options: RayOptions) -> int:
     """`specdecode serve --ray`: deploy on the cluster at --address (default: a new one on this machine),
     serve HTTP at --host:--port until interrupted, then remove the application."""
-    check_options(args)
-    app = build(args)
-    if args.address is None:
+    app = build(options)
+    host, port = options.serve.host, options.serve.port
+    if options.address is None:
         ray.init(address="local", include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     else:
-        ray.init(address=args.address, logging_level="WARNING", log_to_driver=False)
+        ray.init(address=options.address, logging_level="WARNING", log_to_driver=False)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop like Ctrl-C: the cleanup below runs
     try:
-        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.start(http_options={"host": host, "port": port})
         try:
             serve.run(app, name=APP, route_prefix="/")
         except RuntimeError as err:  # a replica failed to start: its own error is the last line
             raise ValueError(f"the Ray Serve application failed to start: {str(err).strip().splitlines()[-1]}") from None
-        options = replica_options(args)
-        count = (f"{options['num_replicas']} replica(s)" if "num_replicas" in options else
-                 f"{options['autoscaling_config'].min_replicas}..{options['autoscaling_config'].max_replicas} replicas")
-        print(f"specdecode: serving on Ray ({count} of {args.threads or 1} thread(s)) at "
-              f"http://{args.host}:{args.port}/v1", flush=True)
+        deployment = replica_options(options)
+        count = (f"{deployment['num_replicas']} replica(s)" if "num_replicas" in deployment else
+                 f"{deployment['autoscaling_config'].min_replicas}..{deployment['autoscaling_config'].max_replicas} "
+                 "replicas")
+        print(f"specdecode: serving on Ray ({count} of {options.serve.threads or 1} thread(s)) at "
+              f"http://{host}:{port}/v1", flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         return 0
     finally:
-        if args.address is None:
+        if options.address is None:
             serve.shutdown()
         else:
             serve.delete(APP)

@@ -1,0 +1,91 @@
+"""`specdecode generate`: one prompt, decoded speculatively (or plainly with --baseline), streamed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .loading import draft_spec, engine_facts, gamma_policy, load_drafter, load_target, sampling_params, use_kernels
+from .parser import check_positive_options
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """`specdecode generate PROMPT`: stream the answer, each step coloured by who wrote it (or --json)."""
+    import torch
+    from rich.console import Console
+
+    from ..options import check_gamma, check_lenience, check_max_new_tokens, check_prompt_text, check_stop
+    from ..render import format_summary, render_step
+    from ..stats import Stats
+    from ..text import encode_prompt, generate
+
+    # Validate everything cheap before loading any model.
+    params = sampling_params(args)
+    if args.gamma != "auto":
+        check_gamma(args.gamma, "--gamma")
+    check_positive_options(args, "max_gamma")
+    check_lenience(args.lenience, "--lenience")
+    check_max_new_tokens(args.max_new_tokens, "--max-new-tokens")
+    check_prompt_text(args.prompt)
+    check_stop(args.stop)
+    draft_spec(args)
+
+    use_kernels(args.kernels)
+    target = load_target(args)
+    drafter = load_drafter(args, target)
+    prompt_ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.raw)
+    gamma = gamma_policy(args.gamma, args.max_gamma, target) if drafter is not None else 0
+    if args.compare and drafter is not None:  # warm up once, so neither timed run pays first-call costs
+        target.forward(torch.tensor([prompt_ids]), target.new_cache(), num_logits=1)
+    stats = Stats()
+    stream = generate(
+        target, prompt_ids, drafter, gamma=gamma, params=params, max_new_tokens=args.max_new_tokens,
+        lenience=args.lenience, seed=args.seed, stop=args.stop, stats=stats,
+    )
+    out = Console(no_color=args.no_color, highlight=False, soft_wrap=True)
+    color = out.is_terminal and not args.no_color
+    text = []
+    try:
+        for piece in stream:
+            text.append(piece.accepted_text + piece.target_text)
+            if not args.json:
+                out.print(render_step(piece, color), end="")
+    except KeyboardInterrupt:
+        stats.finish_reason = "interrupted"
+    finally:
+        stream.close()
+    summary = stats.summary()
+    comparison = None
+    if args.compare and drafter is not None and stats.finish_reason != "interrupted":
+        plain = Stats()
+        for _ in generate(target, prompt_ids, None, params=params, max_new_tokens=args.max_new_tokens,
+                          seed=args.seed, stop=args.stop, stats=plain):
+            pass
+        comparison = dict(plain_tokens=plain.new_tokens, plain_tokens_per_second=plain.tokens_per_second,
+                          speedup=stats.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else None,
+                          identical=plain.tokens == stats.tokens if params.is_greedy else None)  # greedy only
+        summary["compare"] = comparison
+    if args.json:
+        record = {
+            "text": "".join(text),
+            "tokens": stats.tokens,
+            "prompt_tokens": len(prompt_ids),
+            "mode": "baseline" if drafter is None else "speculative",
+            **engine_facts(target, args.backend),
+            "draft": None if drafter is None else args.draft,
+            "gamma": None if drafter is None else args.gamma,
+            "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
+            "lenience": args.lenience, "seed": args.seed,
+            **summary,
+        }
+        print(json.dumps(record, ensure_ascii=False))
+    else:
+        out.print()
+        err = Console(stderr=True, no_color=args.no_color, highlight=False, soft_wrap=True)
+        err.print(format_summary(stats), style="dim")
+        if comparison:
+            same = {True: " | same output: yes", False: " | same output: no", None: ""}[comparison["identical"]]
+            err.print(f"plain decoding of the same prompt: {comparison['plain_tokens']} tokens, "
+                      f"{comparison['plain_tokens_per_second']:.1f} tokens/s | speculative speedup "
+                      f"{comparison['speedup']:.2f}x{same}")
+    return 130 if stats.finish_reason == "interrupted" else 0

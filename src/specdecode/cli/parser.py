@@ -1,0 +1,222 @@
+"""`specdecode`'s argument parser: every command and option, their defaults and help; and the one
+check, after parsing, that integer options are positive."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..drafters.spec import LOOKUP
+from ..options import check_positive
+
+
+def check_positive_options(args: argparse.Namespace, *names: str) -> None:
+    """Each of these options that is set (not None) is an integer >= 1; else ValueError naming the
+    first that is not as the user typed it (max_new_tokens: --max-new-tokens)."""
+    for name in names:
+        if getattr(args, name) is not None:
+            check_positive("--" + name.replace("_", "-"), getattr(args, name))
+
+
+
+def gamma_arg(value: str):
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {value!r}") from None
+
+
+def _model_options(with_draft: bool = True) -> argparse.ArgumentParser:
+    from ..models.native.plan import PATHS  # imports torch: only when a parser is built
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--target", help="target model: a .gguf file or a transformers directory "
+                        "(default: the embedded SmolLM2-135M-Instruct)")
+    if with_draft:
+        common.add_argument("--draft", default=LOOKUP,
+                            help="'lookup' for prompt lookup (default), 'suffix' for suffix drafting (the most "
+                                 "frequent continuation of the longest earlier match), 'trained' for the draft "
+                                 "network shipped for the embedded target, a draft model path, lookup+MODEL (copy "
+                                 "where the text repeats, MODEL elsewhere, e.g. lookup+trained), or ngram:FILE.npz")
+    common.add_argument("--backend", default="auto", choices=["auto", "hf", "llama.cpp", "native"],
+                        help="native: specdecode's own PyTorch Llama (static KV cache, 4-bit or bf16 products, "
+                             "C kernels); hf: transformers; llama.cpp: llama-cpp-python on a .gguf file; auto "
+                             "(default): native for a Llama-family model on the CPU, else hf")
+    if with_draft:
+        common.add_argument("--draft-backend", default=None, choices=["auto", "hf", "llama.cpp", "native"],
+                            help="backend of the draft model (default: the target's)")
+        common.add_argument("--min-draft-confidence", type=float, default=0.0,
+                            help="a draft model stops proposing when its top probability falls below this "
+                                 "(default 0: always propose gamma tokens)")
+    common.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's setting)")
+    common.add_argument("--kernels", default=None, choices=["auto", *PATHS],
+                        help="the native backend's kernel path (default: $SPECDECODE_KERNELS, else the best this "
+                             "CPU runs; `specdecode info` shows the plan)")
+    common.add_argument("--dtype", default="auto",
+                        help="auto (default: on the native backend 4-bit products where the weights are 4-bit "
+                             "groups, as a Q4_1 GGUF's are, with 8-bit activations (w4a8) where the CPU has vector "
+                             "integer dot products, else bfloat16), int4 or w4a8 (native only), bfloat16 or float32")
+    common.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    return common
+
+
+def _sampling_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = all)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = all)")
+
+
+def _prompt_options(parser: argparse.ArgumentParser, required: bool) -> None:
+    parser.add_argument("--prompts", required=required, default=None,
+                        help="prompt file: Spec-Bench jsonl (first turn), jsonl with 'prompt', or text lines")
+    parser.add_argument("--categories", nargs="+", default=None, help="categories or Spec-Bench tasks to keep")
+    parser.add_argument("--per-category", type=int, default=None, help="at most this many prompts per category")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdecode", description="Lossless speculative decoding.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    gen = commands.add_parser("generate", parents=[_model_options()], help="generate text, speculatively by default")
+    gen.add_argument("prompt", help="the user message (the target's chat template is applied unless --raw)")
+    gen.add_argument("--gamma", type=gamma_arg, default="auto",
+                     help="draft tokens per target call, or 'auto' (default): chosen per call from the measured "
+                          "verification cost and the running acceptance rate, 0 where speculation would not pay")
+    gen.add_argument("--max-gamma", type=int, default=8, help="upper bound for --gamma auto (default 8)")
+    _sampling_options(gen)
+    gen.add_argument("--lenience", type=float, default=1.0,
+                     help="lenient acceptance in (0, 1]; 1 = exact (the target's distribution)")
+    gen.add_argument("--seed", type=int, default=None, help="make sampling reproducible")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--baseline", action="store_true", help="plain autoregressive decoding, no draft")
+    gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    gen.add_argument("--no-color", action="store_true", help="plain text, no Figure-1 colours")
+    gen.add_argument("--compare", action="store_true",
+                     help="then decode the same prompt plainly (no draft) and print the speedup measured in this run")
+
+    info = commands.add_parser("info", parents=[_model_options(with_draft=False)],
+                               help="this machine: CPU features, kernel plan, backends and their measured speed")
+    info.add_argument("--refresh", action="store_true", help="measure the backends again")
+    info.add_argument("--json", action="store_true")
+
+    ana = commands.add_parser("analyze", help="the paper's formulas for given alpha and cost ratio c")
+    ana.add_argument("--alpha", type=float, required=True, help="expected acceptance rate, in [0, 1]")
+    ana.add_argument("--cost-ratio", type=float, default=0.0,
+                     help="cost ratio c = draft step / target step (default 0)")
+    ana.add_argument("--ops-ratio", type=float, default=None,
+                     help="c_hat, the same ratio in arithmetic operations (default: --cost-ratio)")
+    ana.add_argument("--gamma", type=int, nargs="+", default=[1, 2, 3, 4, 5, 7, 10], help="gammas to tabulate")
+    ana.add_argument("--max-gamma", type=int, default=64, help="search bound for the optimal gamma")
+    ana.add_argument("--verify-curve", default=None,
+                     help="T(k)/T(1) for k=1.. as comma-separated numbers, or a profile JSON from `specdecode profile`")
+    ana.add_argument("--plot", default=None, help="write the paper's figures to this PNG")
+    ana.add_argument("--json", action="store_true")
+
+    alpha = commands.add_parser("alpha", parents=[_model_options()],
+                                help="measure alpha = E[sum min(p, q)] on tokens the target generates")
+    _prompt_options(alpha, required=True)
+    _sampling_options(alpha)
+    alpha.add_argument("--max-new-tokens", type=int, default=64)
+    alpha.add_argument("--seed", type=int, default=0)
+    alpha.add_argument("--json", action="store_true")
+
+    prof = commands.add_parser("profile", parents=[_model_options()],
+                               help="cost ratio c and the verification curve T(k)/T(1)")
+    prof.add_argument("--max-k", type=int, default=16)
+    prof.add_argument("--context", type=int, default=256, help="cached positions before timing")
+    prof.add_argument("--repeats", type=int, default=7)
+    prof.add_argument("--refresh", action="store_true", help="measure again instead of using the cached profile")
+    prof.add_argument("--json", action="store_true")
+
+    bench = commands.add_parser("bench", parents=[_model_options(with_draft=False)],
+                                help="benchmark drafters against the autoregressive baseline over a prompt set")
+    _prompt_options(bench, required=True)
+    bench.add_argument("--draft", action="append", default=[], help="a draft model path (or 'trained') to include")
+    bench.add_argument("--ngram", default=None, help="an n-gram drafter file (.npz from `ngram fit`) to include")
+    bench.add_argument("--suffix", action="store_true",
+                       help="include suffix drafting (each run on its own: no memory of earlier prompts' outputs)")
+    bench.add_argument("--gamma", type=gamma_arg, nargs="+", default=[2, 4, 8, "auto"],
+                       help="fixed gammas and/or 'auto' (default: 2 4 8 auto)")
+    bench.add_argument("--max-gamma", type=int, default=8, help="upper bound for 'auto' (default 8)")
+    bench.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--no-anchors", action="store_true",
+                       help="leave out the backend's own generate() (plain and prompt lookup) as anchors")
+    bench.add_argument("--anchor-lookup-tokens", type=int, default=10,
+                       help="tokens the anchors' own prompt lookup proposes (default 10; 0 leaves those anchors out)")
+    bench.add_argument("--out", default="benchmarks/results/latest", help="output directory")
+    serve = commands.add_parser("serve", parents=[_model_options()],
+                                help="an OpenAI-compatible HTTP server with speculative decoding")
+    serve.add_argument("--also-draft", action="append", default=[], metavar="SPEC",
+                       help="another drafter requests may pick with specdecode.draft (repeatable; --draft is the default)")
+    serve.add_argument("--gamma", type=gamma_arg, default="auto",
+                       help="default draft length, or 'auto' (default: chosen per call from the measured cost)")
+    serve.add_argument("--max-gamma", type=int, default=8, help="upper bound for 'auto' (default 8)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--model-name", action="append", default=None, metavar="NAME",
+                       help="the model id clients send (default: the target's file name); repeat for aliases, "
+                            "the first is the one responses carry")
+    serve.add_argument("--max-batch", type=int, default=16,
+                       help="requests decoded together, each with its own KV cache sized to its prompt + max_tokens "
+                            "(default 16; 1 serves one at a time)")
+    serve.add_argument("--max-queue", type=int, default=16,
+                       help="requests that may wait behind a full batch (default 16); past them, 429")
+    serve.add_argument("--max-tokens", type=int, default=1024,
+                       help="largest max_tokens a request may ask for (default 1024); a request without max_tokens "
+                            "gets min(256, this), capped at the room its prompt leaves in the context window")
+    serve.add_argument("--api-key", default=None, metavar="KEY",
+                       help="require 'Authorization: Bearer KEY' on every route but /health (default: the "
+                            "SPECDECODE_API_KEY environment variable, which keeps the key out of process listings)")
+    serve.add_argument("--metrics-open", action="store_true", help="serve /metrics without the API key")
+    serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
+    on_ray = serve.add_argument_group("on a Ray Serve cluster (pip install 'specdecode[ray]')")
+    on_ray.add_argument("--ray", action="store_true",
+                        help="serve with Ray Serve: --replicas engines behind one endpoint at --host:--port; "
+                             "--threads is per replica (default 1), and each replica reserves that many CPUs")
+    on_ray.add_argument("--replicas", type=int, default=None,
+                        help="replicas, each one engine (default 1; with autoscaling, how many start)")
+    on_ray.add_argument("--min-replicas", type=int, default=None, help="autoscale down to this many (default 1)")
+    on_ray.add_argument("--max-replicas", type=int, default=None,
+                        help="autoscale up to this many (default: --replicas, at least --min-replicas)")
+    on_ray.add_argument("--address", default=None,
+                        help="the Ray cluster to join: auto or HEAD:6379 (default: start one on this machine)")
+
+    ngram = commands.add_parser("ngram", help="n-gram drafters")
+    ngram_commands = ngram.add_subparsers(dest="ngram_command", required=True)
+    fit = ngram_commands.add_parser("fit", parents=[_model_options(with_draft=False)],
+                                    help="count k-grams of a corpus tokenized with the target's tokenizer")
+    fit.add_argument("--corpus", required=True, help="text file (one document a line), jsonl ('text', 'prompt', 'turns'), or a "
+                          "distillation corpus .npz from `distill` (its answers are used)")
+    fit.add_argument("--order", type=int, default=2, help="1 = unigram, 2 = bigram (default), k = k-gram")
+    fit.add_argument("--out", required=True, help="output .npz file")
+
+    dist = commands.add_parser("distill", parents=[_model_options(with_draft=False)],
+                               help="train a small draft model for the target on its own generations")
+    dist.add_argument("--out", required=True, help="output directory of the trained draft")
+    dist.add_argument("--corpus", default=None,
+                      help="corpus file: reused when it exists, else generated and written there "
+                           "(default: OUT.corpus.npz)")
+    dist.add_argument("--data-minutes", type=float, default=50.0, help="time for generating the corpus (default 50)")
+    dist.add_argument("--train-minutes", type=float, default=55.0, help="training time (default 55)")
+    dist.add_argument("--data-batches", type=int, default=None,
+                      help="stop generating after this many batches, even within --data-minutes")
+    dist.add_argument("--train-steps", type=int, default=None,
+                      help="stop training after this many steps, even within --train-minutes")
+    dist.add_argument("--layers", type=int, default=3)
+    dist.add_argument("--dim", type=int, default=256)
+    dist.add_argument("--heads", type=int, default=4)
+    dist.add_argument("--mlp-dim", type=int, default=768)
+    dist.add_argument("--embed-dim", type=int, default=128, help="factorised input embedding size (default 128)")
+    dist.add_argument("--kept", type=int, default=12288, help="output vocabulary: the most used tokens (default 12288)")
+    dist.add_argument("--window", type=int, default=1024, help="attention window in tokens (default 1024)")
+    dist.add_argument("--lr", type=float, default=2e-3)
+    dist.add_argument("--batch-tokens", type=int, default=8192, help="tokens per training batch (default 8192)")
+    dist.add_argument("--gen-batch", type=int, default=32, help="prompts per generation batch (default 32)")
+    dist.add_argument("--answer-tokens", type=int, default=256, help="longest answer generated (default 256)")
+    dist.add_argument("--seed", type=int, default=0)
+    return parser
