@@ -442,7 +442,7 @@ def test_serve_help_documents_the_default_max_tokens(capsys):
 @pytest.mark.parametrize("host, key, warns", [("0.0.0.0", None, True), ("0.0.0.0", "k", False),
                                                ("127.0.0.1", None, False), ("localhost", None, False)])
 def test_a_public_host_without_an_api_key_warns(capsys, monkeypatch, host, key, warns):
-    import specdecode.cli as cli
+    import specdecode.cli.serve as cli
     from conftest import run_cli
 
     def stop(args):
@@ -570,3 +570,23 @@ def test_a_server_error_is_logged_with_the_id_its_body_carries(caplog):
     rid = re.search(r"\((err-[0-9a-f]{16})\)", reply.json()["error"]["message"]).group(1)
     logged = [r for r in caplog.records if rid in r.getMessage()]
     assert logged and logged[0].exc_info is not None  # with its traceback
+
+
+def test_completion_prompts_as_token_ids_and_tokenize_round_trips(server, client):
+    """Evaluation tools send completion prompts as token ids: the same ids as text give the same reply."""
+    base = server[0]
+    text = "The capital of France is"
+    status, ids, _ = post(base, "/tokenize", {"content": text})
+    assert status == 200 and ids["count"] == len(ids["tokens"]) > 0
+    status, back, _ = post(base, "/detokenize", {"tokens": ids["tokens"]})
+    assert status == 200 and back["content"] == text
+    as_text = client.completions.create(model=MODEL, prompt=text, max_tokens=8, temperature=0)
+    as_ids = client.completions.create(model=MODEL, prompt=ids["tokens"], max_tokens=8, temperature=0)
+    assert as_ids.choices[0].text == as_text.choices[0].text
+    assert as_ids.usage.prompt_tokens == as_text.usage.prompt_tokens == len(ids["tokens"])
+    for body, param in (({"model": MODEL, "prompt": [10**9]}, "prompt"), ({"model": MODEL, "prompt": [[1], [2]]}, "prompt"),
+                        ({"model": MODEL, "prompt": [1, "a"]}, "prompt")):
+        status, error, _ = post(base, "/v1/completions", body)
+        assert status == 400 and error["error"]["param"] == param, error
+    assert post(base, "/detokenize", {"tokens": [-1]})[0] == 400
+    assert post(base, "/tokenize", {"content": 5})[0] == 400

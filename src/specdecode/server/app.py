@@ -1,8 +1,9 @@
 """The HTTP layer: OpenAI's routes over the engine.
 
     POST /v1/chat/completions   chat turns through the model's chat template
-    POST /v1/completions        a raw prompt
-    GET  /v1/models, /health, /metrics
+    POST /v1/completions        a raw prompt (text, or token ids)
+    GET  /v1/models, /v1/models/{id}, /health, /metrics
+    POST /tokenize, /detokenize text <-> token ids (llama.cpp's and vLLM's field names)
 
 Responses follow OpenAI's shapes; `usage.speculative` carries the request's speculation statistics
 (in a stream: in a last chunk with no choices, when stream_options.include_usage asks for usage).
@@ -200,6 +201,13 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
             except Exception as err:  # a template that refuses this conversation (e.g. role order)
                 raise RequestError(400, f"the chat template refused these messages: {err}", "messages",
                                    "invalid_value") from None
+        if isinstance(req.prompt, tuple):  # token ids, as evaluation tools send them
+            size = len(target.tokenizer)
+            bad = next((t for t in req.prompt if t >= size), None)
+            if bad is not None:
+                raise RequestError(400, f"'prompt' holds token id {bad}; the model's vocabulary has ids 0..{size - 1}",
+                                   "prompt", "invalid_value")
+            return list(req.prompt)
         return target.tokenizer.encode(req.prompt, add_special_tokens=True)
 
     async def submit(request: HTTPRequest, kind: str):
@@ -311,6 +319,31 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
             raise RequestError(404, f"the model {model_id!r} does not exist; this server serves "
                                     f"{', '.join(map(repr, names))}", "model", "model_not_found")
         return {"id": model_id, "object": "model", "created": created, "owned_by": "specdecode"}
+
+    @app.post("/tokenize")
+    async def tokenize(request: HTTPRequest):
+        """Text -> token ids, as llama.cpp's server (`content`, `add_special`) and vLLM's (`prompt`,
+        `add_special_tokens`) take it."""
+        body = await read_json(request)
+        text = body.get("content", body.get("prompt")) if isinstance(body, dict) else None
+        if not isinstance(text, str):
+            raise RequestError(400, "'content' (or 'prompt') must be a string", "content", "invalid_type")
+        special = body.get("add_special", body.get("add_special_tokens", True))
+        if not isinstance(special, bool):
+            raise RequestError(400, "'add_special' must be true or false", "add_special", "invalid_type")
+        tokens = target.tokenizer.encode(text, add_special_tokens=special)
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": target.max_positions}
+
+    @app.post("/detokenize")
+    async def detokenize(request: HTTPRequest):
+        body = await read_json(request)
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        size = len(target.tokenizer)
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < size
+                                                   for t in tokens):
+            raise RequestError(400, f"'tokens' must be a list of token ids in 0..{size - 1}", "tokens", "invalid_value")
+        text = target.tokenizer.decode(tokens)
+        return {"content": text, "prompt": text}
 
     @app.get("/health")
     async def health():

@@ -86,7 +86,7 @@ class Request:
     kind: str  # "chat" or "completion"
     model: str
     messages: tuple[dict, ...] | None  # chat
-    prompt: str | None  # completion
+    prompt: str | tuple[int, ...] | None  # completion: text, or token ids as OpenAI's API allows
     max_tokens: int
     params: SamplingParams
     max_tokens_param: str | None = None  # the field that set max_tokens; None: the server's default
@@ -161,14 +161,23 @@ def _messages(body: dict) -> tuple[dict, ...]:
     return tuple(out)
 
 
-def _prompt(body: dict) -> str:
+def _prompt(body: dict) -> str | tuple[int, ...]:
+    """One prompt: a string, or a list of token ids (each also accepted wrapped in a one-item list)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if prompt is None:
         raise _bad("'prompt' is required", "prompt", "missing_required_parameter")
+    if isinstance(prompt, list):
+        if not prompt:
+            raise _bad("'prompt' is an empty list of token ids", "prompt", "invalid_value")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+            raise _bad("'prompt' must be a string or one list of token ids (integers >= 0); several prompts "
+                       "in one request are not supported", "prompt", "invalid_type")
+        return tuple(prompt)
     if not isinstance(prompt, str):
-        raise _bad("'prompt' must be a string (one prompt per request)", "prompt", "invalid_type")
+        raise _bad("'prompt' must be a string or a list of token ids (one prompt per request)", "prompt",
+                   "invalid_type")
     if not prompt.strip():
         raise _bad("'prompt' is empty", "prompt", "invalid_value")
     return prompt
