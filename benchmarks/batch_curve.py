@@ -6,7 +6,7 @@ and fixed (--gamma 4), all on the same server settings otherwise.
 
 Each point sends `--per-client` requests per client thread (greedy, half streaming, none leaving
 early) with the official `openai` client; every reply must equal its prompt's reference, taken one
-request at a time before the load (`loadtest.py`): batching must not change any output. Tokens/s
+request at a time before the load (`load_client.py`): batching must not change any output. Tokens/s
 counts the server's own generated tokens (/metrics) over the point's wall time, without the
 reference replies; rows/forward is the mean number of rows (tokens: prompt pieces and drafts
 included) of the batched forwards.
@@ -21,7 +21,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from loadtest import reference_outputs, run_load, served
+from load_client import reference_outputs, run_load, served
 
 MODES = {"planned": "auto", "off": "0", "fixed 4": "4"}
 

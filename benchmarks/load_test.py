@@ -7,7 +7,7 @@ most requests the server held at once, and its memory before and after.
         --out benchmarks/results/load_test.md
 
 Every completed response must equal its own prompt's greedy reference output (taken before the
-load), and every disconnected stream a prefix of it (`loadtest.py` beside this file).
+load), and every disconnected stream a prefix of it (`load_client.py` beside this file).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import platform
 import sys
 from pathlib import Path
 
-from loadtest import run_load, served
+from load_client import run_load, served
 
 
 def main() -> int:

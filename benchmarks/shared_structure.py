@@ -21,7 +21,7 @@ from openai import OpenAI
 
 from specdecode.models.native import plan
 
-from loadtest import served
+from load_client import served
 from record import publish
 
 FIRST = ["Ada", "Ben", "Chloe", "Dmitri", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kemi", "Luca"]

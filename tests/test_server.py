@@ -271,7 +271,7 @@ def test_a_full_queue_answers_429_and_a_client_that_leaves_frees_its_slot(server
 
 
 def test_small_load_keeps_every_response_its_own_and_the_server_up(server):
-    from loadtest import run_load
+    from load_client import run_load
 
     base, process = server
     report = run_load(base + "/v1", MODEL, requests=24, concurrency=6, max_tokens=8, server_pid=process.pid,

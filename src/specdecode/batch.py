@@ -30,7 +30,7 @@ from .drafters.base import Drafter
 from .drafters.lookup import PromptLookupDrafter
 from .gamma import AUTO, AdaptiveGamma, GammaPolicy, as_policy, plan_batch
 from .models.base import ForwardCall, forward_batch
-from .options import check_lenience, check_stop
+from .checks import check_lenience, check_stop
 from .prefix import PrefixCache
 from .sampling import SamplingParams
 from .stats import Stats

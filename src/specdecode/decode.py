@@ -22,7 +22,7 @@ import torch
 from .drafters.base import Draft, Drafter, check_drafter
 from .gamma import GammaPolicy, as_policy
 from .models.base import ForwardCall, Model, check_same_vocab, forward_batch
-from .options import check_lenience, check_max_new_tokens, check_prompt_ids
+from .checks import check_lenience, check_max_new_tokens, check_prompt_ids
 from .sampling import SamplingParams, draw, make_generator
 from .verify import verify_draft
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Protocol, Sequence
 
 from .formulas import expected_tokens, optimal_gamma, verify_curve
-from .options import check_gamma
+from .checks import check_gamma
 
 
 class GammaPolicy(Protocol):

@@ -13,7 +13,7 @@ from typing import Iterator, Sequence
 from .decode import Step, autoregressive_decode, speculative_decode
 from .drafters.base import Drafter
 from .gamma import GammaPolicy
-from .options import check_prompt_text, check_stop
+from .checks import check_prompt_text, check_stop
 from .sampling import SamplingParams
 from .stats import Stats
 

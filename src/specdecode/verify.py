@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .options import check_lenience
+from .checks import check_lenience
 from .sampling import SamplingParams, draw, sample
 
 

@@ -14,7 +14,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import torch
     from rich.console import Console
 
-    from ..options import check_gamma, check_lenience, check_max_new_tokens, check_prompt_text, check_stop
+    from ..checks import check_gamma, check_lenience, check_max_new_tokens, check_prompt_text, check_stop
     from ..render import format_summary, render_step
     from ..stats import Stats
     from ..text import encode_prompt, generate

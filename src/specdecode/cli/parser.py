@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..drafters.spec import LOOKUP
-from ..options import check_positive
+from ..checks import check_positive
 
 
 def check_positive_options(args: argparse.Namespace, *names: str) -> None:

@@ -4,6 +4,7 @@ uvicorn) or handed to Ray Serve (--ray), whose replicas each build the same app 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import TYPE_CHECKING
 
@@ -58,8 +59,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     served = build_app(options, _load_target(options))
     print(f"specdecode: serving {', '.join(served.names)} (drafts: {', '.join(drafts)}; gamma {options.gamma}) on "
           f"http://{options.host}:{options.port}/v1", flush=True)
-    import logging
-
     # the server's own errors (every 5xx, with its id and traceback) on stderr
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

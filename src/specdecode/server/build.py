@@ -15,7 +15,7 @@ from typing import NamedTuple
 from fastapi import FastAPI
 
 from ..drafters.spec import LOOKUP, DraftSpec
-from ..options import check_gamma, check_positive, check_queue_size
+from ..checks import check_gamma, check_positive, check_queue_size
 from .app import create_app
 from .engine import Engine
 from .request import Limits

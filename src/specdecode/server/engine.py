@@ -21,7 +21,7 @@ from typing import Callable
 from ..batch import Batch, BatchRequest
 from ..drafters.spec import SUFFIX, DraftSpec, load_draft_model, make_drafter
 from ..drafters.suffix import SuffixCache
-from ..options import check_queue_size
+from ..checks import check_queue_size
 from ..stats import Stats
 from .request import Request, RequestError
 

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..options import check_lenience
+from ..checks import check_lenience
 from ..sampling import SamplingParams
 
 EXTENSION = "specdecode"
