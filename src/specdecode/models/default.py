@@ -29,7 +29,7 @@ def default_target_path() -> Path:
 
 
 # A draft network distilled from the default target by `specdecode distill`, shipped in the package.
-TRAINED_DRAFT = Path(__file__).resolve().parents[1] / "drafts" / "smollm2-135m-instruct"
+TRAINED_DRAFT = Path(__file__).resolve().parents[1] / "weights" / "smollm2-135m-instruct"
 
 
 def trained_draft_path() -> Path:
