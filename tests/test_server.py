@@ -258,7 +258,7 @@ def test_a_full_queue_answers_429_and_a_client_that_leaves_frees_its_slot(server
     for stream in streams:  # every client walks away after the first chunk
         next(iter(stream))
         stream.close()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300  # a bound on waiting, generous: a loaded host is slow, not broken
     while time.monotonic() < deadline:
         with urllib.request.urlopen(server[0] + "/health") as response:
             if json.load(response)["in_flight"] == 0:
@@ -341,7 +341,7 @@ def test_metrics_label_routes_not_urls_count_a_cancelled_stream_as_499_and_read_
     next(iter(stream))
     assert _metrics(base)["specdecode_requests_in_flight"] == 1  # the running generation, not the scrape
     stream.close()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300
     while _requests(values := _metrics(base), route, 499) == left and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _requests(values, route, 499) == left + 1 and _requests(values, route, 200) == ok
