@@ -13,6 +13,20 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def option_name(field: str) -> str:
+    """A setting as the command line spells it: max_body_bytes is --max-body-bytes."""
+    return "--" + field.replace("_", "-")
+
+
+def check_positive_settings(settings, *fields: str) -> None:
+    """Each of these attributes of `settings` (parsed arguments, an options object) that is set (not
+    None) is an integer >= 1; else ValueError naming the first that is not, as the command line
+    spells it."""
+    for field in fields:
+        if getattr(settings, field) is not None:
+            check_positive(option_name(field), getattr(settings, field))
+
+
 def check_gamma(gamma, name: str = "gamma") -> int:
     """gamma: draft tokens per iteration, an integer >= 0 (0 = plain decoding)."""
     if not _is_int(gamma) or gamma < 0:

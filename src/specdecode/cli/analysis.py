@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..checks import check_positive_settings
 from .loading import engine_facts, load_drafter, load_target, sampling_params, use_kernels
-from .parser import check_positive_options
 
 
 def _verify_curve(spec: str | None) -> list[float] | None:
@@ -88,7 +88,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         raise ValueError(f"--cost-ratio and --ops-ratio must be >= 0, got {cost_ratio} and {ops_ratio}")
     if any(g < 0 for g in args.gamma):
         raise ValueError(f"--gamma values must be >= 0, got {args.gamma}")
-    check_positive_options(args, "max_gamma")
+    check_positive_settings(args, "max_gamma")
     curve = _verify_curve(args.verify_curve)
     rows = []
     for g in args.gamma:
@@ -140,7 +140,7 @@ def cmd_alpha(args: argparse.Namespace) -> int:
     from ..analysis.measure import measure_alpha
 
     params = sampling_params(args)
-    check_positive_options(args, "max_new_tokens")
+    check_positive_settings(args, "max_new_tokens")
     use_kernels(args.kernels)
     target = load_target(args)
     drafter = load_drafter(args, target)
@@ -161,7 +161,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     """`specdecode profile`: the target's step time and verification curve, the draft's step, their ratio c."""
     from ..analysis.measure import drafter_step_seconds, profile_model
 
-    check_positive_options(args, "max_k", "context", "repeats")
+    check_positive_settings(args, "max_k", "context", "repeats")
     use_kernels(args.kernels)
     target = load_target(args)
     drafter = load_drafter(args, target)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..checks import check_positive_settings
 from .loading import backend_of, engine_facts, gamma_policy, load_target, use_kernels
-from .parser import check_positive_options
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -32,7 +32,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         SamplingParams(temperature=t)
     if any(g != "auto" and g < 1 for g in args.gamma):
         raise ValueError(f"--gamma values must be >= 1 or 'auto', got {args.gamma}")
-    check_positive_options(args, "max_gamma", "max_new_tokens")
+    check_positive_settings(args, "max_gamma", "max_new_tokens")
     if len(args.draft) > 1:
         raise ValueError("bench takes at most one --draft model")
     if args.anchor_lookup_tokens < 0:

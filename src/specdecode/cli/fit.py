@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from ..checks import check_positive_settings
 from .loading import use_kernels
-from .parser import check_positive_options
 
 
 def cmd_ngram(args: argparse.Namespace) -> int:
@@ -16,7 +16,7 @@ def cmd_ngram(args: argparse.Namespace) -> int:
     from ..drafters.ngram import NgramDrafter
     from ..models.load import load_model
 
-    check_positive_options(args, "order")
+    check_positive_settings(args, "order")
     target = load_model(args.target, args.backend, args.dtype, args.device, args.threads)
     if args.corpus.endswith(".npz"):  # a distillation corpus: the target's own answers, already tokens
         from ..distill.data import Corpus
@@ -40,11 +40,11 @@ def cmd_distill(args: argparse.Namespace) -> int:
     from ..models.hf import HFModel
     from ..models.load import load_model
 
-    check_positive_options(args, "layers", "dim", "heads", "mlp_dim", "embed_dim", "kept", "window", "batch_tokens",
+    check_positive_settings(args, "layers", "dim", "heads", "mlp_dim", "embed_dim", "kept", "window", "batch_tokens",
                            "gen_batch", "answer_tokens")
     if args.data_minutes <= 0 or args.train_minutes <= 0:
         raise ValueError("--data-minutes and --train-minutes must be positive")
-    check_positive_options(args, "data_batches", "train_steps")  # each where given
+    check_positive_settings(args, "data_batches", "train_steps")  # each where given
     if args.lr <= 0:
         raise ValueError(f"--lr must be positive, got {args.lr}")
     backend = "hf" if args.backend == "auto" else args.backend

@@ -6,7 +6,6 @@ import argparse
 import json
 
 from .loading import draft_spec, engine_facts, gamma_policy, load_drafter, load_target, sampling_params, use_kernels
-from .parser import check_positive_options
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -14,7 +13,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import torch
     from rich.console import Console
 
-    from ..checks import check_gamma, check_lenience, check_max_new_tokens, check_prompt_text, check_stop
+    from ..checks import (check_gamma, check_lenience, check_max_new_tokens, check_positive_settings, check_prompt_text,
+                          check_stop)
     from ..render import format_summary, render_step
     from ..stats import Stats
     from ..text import encode_prompt, generate
@@ -23,7 +23,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     if args.gamma != "auto":
         check_gamma(args.gamma, "--gamma")
-    check_positive_options(args, "max_gamma")
+    check_positive_settings(args, "max_gamma")
     check_lenience(args.lenience, "--lenience")
     check_max_new_tokens(args.max_new_tokens, "--max-new-tokens")
     check_prompt_text(args.prompt)

@@ -1,21 +1,11 @@
-"""`specdecode`'s argument parser: every command and option, their defaults and help; and the one
-check, after parsing, that integer options are positive."""
+"""`specdecode`'s argument parser: every command and option, their defaults and help (after
+parsing, `checks.check_positive_settings` checks that integer options are positive)."""
 
 from __future__ import annotations
 
 import argparse
 
 from ..drafters.spec import LOOKUP
-from ..checks import check_positive
-
-
-def check_positive_options(args: argparse.Namespace, *names: str) -> None:
-    """Each of these options that is set (not None) is an integer >= 1; else ValueError naming the
-    first that is not as the user typed it (max_new_tokens: --max-new-tokens)."""
-    for name in names:
-        if getattr(args, name) is not None:
-            check_positive("--" + name.replace("_", "-"), getattr(args, name))
-
 
 
 def gamma_arg(value: str):

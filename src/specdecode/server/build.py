@@ -15,25 +15,12 @@ from typing import NamedTuple
 from fastapi import FastAPI
 
 from ..drafters.spec import LOOKUP, DraftSpec
-from ..checks import check_gamma, check_positive, check_queue_size
+from ..checks import check_gamma, check_positive_settings, check_queue_size
 from .app import create_app
 from .engine import Engine
 from .request import Limits
 
 API_KEY_ENV = "SPECDECODE_API_KEY"
-
-
-def option_name(field: str) -> str:
-    """A setting as `specdecode serve` spells it: max_body_bytes is --max-body-bytes."""
-    return "--" + field.replace("_", "-")
-
-
-def check_positive_settings(settings, *fields: str) -> None:
-    """Each of these attributes of `settings` that is set (not None) is an integer >= 1; ValueError
-    naming the first that is not, as the command line spells it."""
-    for field in fields:
-        if getattr(settings, field) is not None:
-            check_positive(option_name(field), getattr(settings, field))
 
 
 def api_key_from_environment(given: str | None) -> str | None:

@@ -51,7 +51,8 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..drafters.spec import SUFFIX
-from .build import ServeOptions, api_key_from_environment, build_app, check_positive_settings, option_name
+from ..checks import check_positive_settings, option_name
+from .build import ServeOptions, api_key_from_environment, build_app
 from .request import RequestError
 
 APP = "specdecode"

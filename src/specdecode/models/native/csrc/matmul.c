@@ -100,6 +100,18 @@ int q4f_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y,
 
 /* ---- 8-bit activations: integer dot products -------------------------------------------------- */
 
+/* x quantised to 8 bits (quantize_q8), then `blocks` over every 16 outputs: the entry points below,
+ * which differ only in their weights' layout. 1 where there was no memory for the activations. */
+static int int8_activation_product(index_fn blocks, const float *x, const uint8_t *q, const void *coef, float *y,
+                                   int rows, int in, int out, int threads) {
+    q8_rows_t a;
+    if (quantize_q8(x, rows, in, &a)) return 1;
+    product_t p = {x, q, coef, &a, y, rows, in, out, 0};
+    parallel_for(out / 16, threads, blocks, &p);
+    free(a.q), free(a.d);
+    return 0;
+}
+
 /* y = x W^T for Q4_1 weights (w = d q + m, q in 0..15, groups of 32 inputs) with the activations
  * quantised to 8 bits in the same groups, as llama.cpp computes its Q4_1 products (its Q8_1 blocks):
  * xq = round(x 127 / max|x|), dx = max|x| / 127, and the group's dot product S = sum_i q_i xq_i is
@@ -113,12 +125,7 @@ int q4f_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y,
  * coef [out / 16][in / 32][2][16] float16, d and m, as q4f_matmul's. */
 int q4q8_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y, int rows, int in, int out,
                 int threads) {
-    q8_rows_t a;
-    if (quantize_q8(x, rows, in, &a)) return 1;
-    product_t p = {x, q, coef, &a, y, rows, in, out, 0};
-    parallel_for(out / 16, threads, q4q8_blocks, &p);
-    free(a.q), free(a.d);
-    return 0;
+    return int8_activation_product(q4q8_blocks, x, q, coef, y, rows, in, out, threads);
 }
 
 /* y = x W^T for an 8-bit weight in groups of 32 inputs, w = scale q (Q8_0, the embedded model's LM
@@ -130,10 +137,5 @@ int q4q8_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y
  * float32. */
 int q8q8_matmul(const float *x, const uint8_t *q, const float *scales, float *y, int rows, int in, int out,
                 int threads) {
-    q8_rows_t a;
-    if (quantize_q8(x, rows, in, &a)) return 1;
-    product_t p = {x, q, scales, &a, y, rows, in, out, 0};
-    parallel_for(out / 16, threads, q8q8_blocks, &p);
-    free(a.q), free(a.d);
-    return 0;
+    return int8_activation_product(q8q8_blocks, x, q, scales, y, rows, in, out, threads);
 }
