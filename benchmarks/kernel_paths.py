@@ -23,6 +23,7 @@ import torch
 
 from specdecode.models.load import load_model
 from specdecode.models.native import plan
+from specdecode.models.profile import SETTLE_SECONDS
 from record import publish
 
 
@@ -30,12 +31,15 @@ FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vn
 
 
 def medians_ms(fns: list, repeats: int) -> list[float]:
-    """Median wall time of each function, the functions taking turns at every repeat."""
+    """Median wall time of each function, the functions taking turns at every repeat (each after
+    SETTLE_SECONDS: the last engine's idle threads stop spinning on the cores first)."""
     for fn in fns:
         fn()  # warm
     times = [[] for _ in fns]
     for _ in range(repeats):
         for fn, spent in zip(fns, times):
+            if len(fns) > 1:
+                time.sleep(SETTLE_SECONDS)
             start = time.perf_counter()
             fn()
             spent.append(time.perf_counter() - start)

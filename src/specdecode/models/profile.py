@@ -32,12 +32,18 @@ class Profile:
         return verify_curve(self.verify_ratios)(k)
 
 
+# Before each timed call when engines take turns: another engine's idle threads spin for a while after
+# its call (llama.cpp's OpenMP team does), and would take the cores the next engine's call needs.
+SETTLE_SECONDS = 0.02
+
+
 def time_in_turns(models: dict[str, Model], ks=(1, 2, 4, 8), context: int = 256, repeats: int = 7,
                   progress=None, clock=time.perf_counter) -> dict[str, dict[int, float]]:
     """name -> {k: median seconds of a forward over k new tokens after `context` cached positions}.
     Every round times each k of each model in turn, so a machine that slows down for a while (a
     shared host, another process) slows every k and every model alike instead of one of them.
-    `clock`: seconds (tests pass a simulated one)."""
+    With several models each call starts SETTLE_SECONDS after the last one ended. `clock`: seconds
+    (tests pass a simulated one)."""
     caches = {}
     for name, model in models.items():
         vocab_limit = min(1000, model.vocab.size) if getattr(model, "vocab", None) else 1000  # ordinary ids
@@ -49,6 +55,8 @@ def time_in_turns(models: dict[str, Model], ks=(1, 2, 4, 8), context: int = 256,
             for name, model in models.items():
                 cache, vocab_limit = caches[name]
                 tokens = torch.randint(0, vocab_limit, (1, k))
+                if len(models) > 1:
+                    time.sleep(SETTLE_SECONDS)
                 start = clock()
                 model.forward(tokens, cache)
                 if round_:
