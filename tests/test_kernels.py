@@ -77,6 +77,35 @@ def test_attention_equals_pytorch_and_a_position_attends_alone_as_in_a_batch(lib
     assert torch.equal(changed[:7], batch[:7]) and not torch.equal(changed[7], batch[7])
 
 
+@pytest.mark.parametrize("heads, kv_heads", [(9, 3), (8, 2), (8, 4), (12, 3), (7, 1), (4, 4)])
+def test_attention_of_every_gqa_group_shape_is_each_heads_alone_in_a_chain_or_a_tree(lib, heads, kv_heads):
+    """A call over several positions may take a GQA group's heads together (keys and values read once
+    for them); every head and position must come out as it does alone, a draft tree's nodes too."""
+    gen = torch.Generator().manual_seed(heads * 10 + kv_heads)
+    keys, values = (torch.randn(kv_heads, 64, HD, generator=gen) for _ in range(2))
+    q = torch.randn(6, heads, HD, generator=gen)
+    ours = CKernels(lib, heads, kv_heads, HD, torch.float32)
+    reference = TorchKernels(heads, kv_heads, HD)
+    for parents in (None, torch.tensor([-1, 0, 0, 1, -1, 4], dtype=torch.int32)):
+        batch = ours.attend(q, keys, values, 40, parents)
+        torch.testing.assert_close(batch, reference.attend(q, keys, values, 40, parents), rtol=1e-5, atol=1e-5)
+        for h in range(heads):  # one head, one position at a time: a call of its own
+            one = CKernels(lib, 1, 1, HD, torch.float32)
+            kv = h // (heads // kv_heads)
+            for t in range(6):
+                if parents is None:
+                    alone = one.attend(q[t : t + 1, h : h + 1], keys[kv : kv + 1], values[kv : kv + 1], 40 + t)
+                else:  # the node's path as a chain: the cache's first 40 keys, then its ancestors' and its own
+                    path, node = [], t
+                    while node >= 0:
+                        path.insert(0, 40 + node)
+                        node = int(parents[node])
+                    seen = torch.tensor(list(range(40)) + path)
+                    alone = one.attend(q[t : t + 1, h : h + 1], keys[kv : kv + 1, seen], values[kv : kv + 1, seen],
+                                       len(seen) - 1)
+                assert torch.equal(batch[t, h * HD : (h + 1) * HD], alone[0]), (h, t)
+
+
 def test_without_a_compiler_pytorch_ops_serve_and_the_plan_says_why(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))

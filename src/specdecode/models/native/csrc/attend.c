@@ -190,6 +190,100 @@ static inline float lanes_max8(__m256 x) {
 DEFINE_ATTEND_ONE(attend_one_f32, float, load8_f32, store_f32)
 DEFINE_ATTEND_ONE(attend_one_bf16, uint16_t, load8_bf16, store_bf16)
 
+/* attend_heads: G (1-3) query heads of one kv head (a GQA group) at one position, each key and value
+ * loaded once for all of them (a head alone reads them from L2 at a load per multiply-add). The
+ * same operations as attend_one for each head, in the same order (its lane sums are sum_lanes8's
+ * tree, 4 keys at a time), so the results are bit-identical to G calls of attend_one. scores:
+ * G x (length rounded up to 16). */
+#define ATTEND_HEADS_AT_ONCE 3
+
+/* out[s] (s < 4) = the sum of a[s]'s 8 lanes, by sum_lanes8's tree; in the low 128 bits */
+static inline __m128 sum_lanes4(const __m256 *a) {
+    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+#define DEFINE_ATTEND_HEADS(NAME, T, LOAD8, STORE)                                               \
+    static inline __attribute__((always_inline)) void NAME##_g(                                 \
+        const float *q, const T *k, const T *v, T *out, int length, int head_dim, float scale,  \
+        float *scores, int split, const int *tail, const int G) {                                \
+        const int n = head_dim / 8, blocks = (length + 7) / 8, stride = (length + 15) & ~15;    \
+        __m256 best[ATTEND_HEADS_AT_ONCE];                                                       \
+        for (int g = 0; g < G; g++) best[g] = _mm256_set1_ps(-INFINITY);                         \
+        for (int b = 0; b < blocks; b++) {                                                       \
+            __m128 half[ATTEND_HEADS_AT_ONCE][2];                                                \
+            for (int part = 0; part < 2; part++) { /* keys 4 part .. 4 part + 3 of the block */ \
+                const T *kj[4];                                                                  \
+                for (int s = 0; s < 4; s++) {                                                    \
+                    int j = b * 8 + 4 * part + s;                                                \
+                    kj[s] = k + (long)SLOT(j < length ? j : length - 1) * head_dim;              \
+                }                                                                                \
+                __m256 acc[ATTEND_HEADS_AT_ONCE][4];                                             \
+                for (int s = 0; s < 4; s++) {                                                    \
+                    __m256 key = LOAD8(kj[s]);                                                   \
+                    for (int g = 0; g < G; g++) acc[g][s] = _mm256_mul_ps(_mm256_loadu_ps(q + g * head_dim), key); \
+                }                                                                                \
+                for (int c = 1; c < n; c++)                                                      \
+                    for (int s = 0; s < 4; s++) {                                                \
+                        __m256 key = LOAD8(kj[s] + c * 8);                                       \
+                        for (int g = 0; g < G; g++)                                              \
+                            acc[g][s] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * head_dim + c * 8), key, acc[g][s]); \
+                    }                                                                            \
+                for (int g = 0; g < G; g++) half[g][part] = sum_lanes4(acc[g]);                  \
+            }                                                                                    \
+            for (int g = 0; g < G; g++) {                                                        \
+                __m256 sum = _mm256_insertf128_ps(_mm256_castps128_ps256(half[g][0]), half[g][1], 1); \
+                __m256 sv = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_mul_ps(sum, _mm256_set1_ps(scale)), \
+                                             tail_mask8(length - b * 8));                        \
+                _mm256_storeu_ps(scores + g * stride + b * 8, sv);                               \
+                best[g] = _mm256_max_ps(best[g], sv);                                            \
+            }                                                                                    \
+        }                                                                                        \
+        float total[ATTEND_HEADS_AT_ONCE];                                                       \
+        for (int g = 0; g < G; g++) {                                                            \
+            __m256 top = _mm256_set1_ps(lanes_max8(best[g])), sum = _mm256_setzero_ps();        \
+            float *sg = scores + g * stride;                                                     \
+            for (int b = 0; b < blocks; b++) {                                                   \
+                __m256 w = _mm256_and_ps(tail_mask8(length - b * 8), exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + b * 8), top))); \
+                _mm256_storeu_ps(sg + b * 8, w);                                                 \
+                sum = _mm256_add_ps(sum, w);                                                     \
+            }                                                                                    \
+            float t[8];                                                                          \
+            _mm256_storeu_ps(t, sum);                                                            \
+            total[g] = 0;                                                                        \
+            for (int l = 0; l < 8; l++) total[g] += t[l];                                        \
+        }                                                                                        \
+        for (int c0 = 0; c0 < n; c0 += 4) { /* 32 dims of every head at a time */               \
+            __m256 o[ATTEND_HEADS_AT_ONCE][4];                                                   \
+            for (int g = 0; g < G; g++)                                                          \
+                for (int c = 0; c < 4; c++) o[g][c] = _mm256_setzero_ps();                       \
+            for (int j = 0; j < length; j++) {                                                   \
+                const T *vj = v + (long)SLOT(j) * head_dim + c0 * 8;                             \
+                __m256 w[ATTEND_HEADS_AT_ONCE];                                                  \
+                for (int g = 0; g < G; g++) w[g] = _mm256_set1_ps(scores[g * stride + j]);       \
+                for (int c = 0; c < 4; c++) {                                                    \
+                    __m256 value = LOAD8(vj + c * 8);                                            \
+                    for (int g = 0; g < G; g++) o[g][c] = _mm256_fmadd_ps(w[g], value, o[g][c]); \
+                }                                                                                \
+            }                                                                                    \
+            for (int g = 0; g < G; g++)                                                          \
+                for (int c = 0; c < 4; c++) {                                                    \
+                    float y[8];                                                                  \
+                    _mm256_storeu_ps(y, _mm256_div_ps(o[g][c], _mm256_set1_ps(total[g])));       \
+                    for (int l = 0; l < 8; l++) out[g * head_dim + (c0 + c) * 8 + l] = STORE(y[l]); \
+                }                                                                                \
+        }                                                                                        \
+    }                                                                                            \
+    static void NAME(const float *q, const T *k, const T *v, T *out, int G, int length, int head_dim, \
+                     float scale, float *scores, int split, const int *tail) {                   \
+        if (G == 3) NAME##_g(q, k, v, out, length, head_dim, scale, scores, split, tail, 3);     \
+        else if (G == 2) NAME##_g(q, k, v, out, length, head_dim, scale, scores, split, tail, 2); \
+        else NAME##_g(q, k, v, out, length, head_dim, scale, scores, split, tail, 1);            \
+    }
+
+DEFINE_ATTEND_HEADS(attend_heads_f32, float, load8_f32, store_f32)
+DEFINE_ATTEND_HEADS(attend_heads_bf16, uint16_t, load8_bf16, store_bf16)
+
 #else
 /* ---- attend_one: portable --------------------------------------------------------------------- */
 
@@ -224,17 +318,34 @@ DEFINE_ATTEND_ONE(attend_one_bf16, uint16_t, load_bf16, store_bf16)
 
 /* ---- attend: the (head, position) items over parallel_for ------------------------------------- */
 
-#define DEFINE_ATTEND(NAME, T, ONE)                                                              \
-    INTERNAL void NAME##_item(void *ctx, int item) { /* one (head, position): a head's positions   \
-                                                       in turn, its keys and values still cached */ \
+#ifndef ATTEND_HEADS_AT_ONCE
+#define ATTEND_HEADS_AT_ONCE 1 /* the path has no attend_heads: a head at a time */
+#define attend_heads_f32(q, k, v, out, G, ...) attend_one_f32(q, k, v, out, __VA_ARGS__)
+#define attend_heads_bf16(q, k, v, out, G, ...) attend_one_bf16(q, k, v, out, __VA_ARGS__)
+#endif
+
+/* How many heads of a GQA group of `group` an item takes when a call has `queries` positions in
+ * all: a divisor of the group, at most ATTEND_HEADS_AT_ONCE, and 1 where fewer items than 2 a
+ * thread would leave threads idle. */
+INTERNAL int attend_heads_per_item(int group, int heads, int queries, int threads) {
+    for (int per = ATTEND_HEADS_AT_ONCE; per > 1; per--)
+        if (group % per == 0 && queries * (heads / per) >= 2 * threads) return per;
+    return 1;
+}
+
+#define DEFINE_ATTEND(NAME, T, HEADS)                                                            \
+    INTERNAL void NAME##_item(void *ctx, int item) { /* a->per heads at one position: a head      \
+                                                       group's positions in turn, its keys and    \
+                                                       values still cached */                     \
         attention_t *a = ctx;                                                                    \
-        int h = item / a->queries, t = item % a->queries, length = a->first_length + t;          \
-        float *scores = malloc(sizeof(float) * ((length + 15) & ~15) + sizeof(int) * (t + 1));  \
+        int h = item / a->queries * a->per, t = item % a->queries, length = a->first_length + t; \
+        int stride = (length + 15) & ~15;                                                        \
+        float *scores = malloc(sizeof(float) * stride * a->per + sizeof(int) * (t + 1));         \
         if (!scores) {                                                                           \
             a->failed = 1;                                                                       \
             return;                                                                              \
         }                                                                                        \
-        int split = length, *tail = (int *)(scores + ((length + 15) & ~15)), depth = 0;          \
+        int split = length, *tail = (int *)(scores + stride * a->per), depth = 0;                \
         if (a->parents) { /* the cache, then the node's ancestors and itself, root first */      \
             for (int node = t; node >= 0; node = a->parents[node]) depth++;                      \
             split = a->first_length - 1, length = split + depth;                                 \
@@ -243,18 +354,19 @@ DEFINE_ATTEND_ONE(attend_one_bf16, uint16_t, load_bf16, store_bf16)
         }                                                                                        \
         long kv = (long)(h / a->group) * a->kv_stride;                                           \
         long at = ((long)t * a->heads + h) * a->head_dim;                                        \
-        ONE(a->q + at, (const T *)a->k + kv, (const T *)a->v + kv, (T *)a->out + at, length,     \
-            a->head_dim, a->scale, scores, split, tail);                                         \
+        HEADS(a->q + at, (const T *)a->k + kv, (const T *)a->v + kv, (T *)a->out + at, a->per, length, \
+              a->head_dim, a->scale, scores, split, tail);                                       \
         free(scores);                                                                            \
     }                                                                                            \
     int NAME(const float *q, const T *k, const T *v, T *out, int queries, int heads,             \
              int kv_heads, int head_dim, long kv_stride, int first_length, const int *parents,   \
              float scale, int threads) {                                                         \
         attention_t a = {q, k, v, out, parents, queries, heads, heads / kv_heads, head_dim,      \
-                         first_length, 0, kv_stride, scale};                                     \
-        parallel_for(queries * heads, threads, NAME##_item, &a);                                 \
+                         first_length, 0, kv_stride, scale,                                      \
+                         attend_heads_per_item(heads / kv_heads, heads, queries, threads)};      \
+        parallel_for(queries * (heads / a.per), threads, NAME##_item, &a);                       \
         return a.failed;                                                                         \
     }
 
-DEFINE_ATTEND(attend_f32, float, attend_one_f32)
-DEFINE_ATTEND(attend_bf16, uint16_t, attend_one_bf16)
+DEFINE_ATTEND(attend_f32, float, attend_heads_f32)
+DEFINE_ATTEND(attend_bf16, uint16_t, attend_heads_bf16)

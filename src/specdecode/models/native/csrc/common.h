@@ -108,9 +108,13 @@ typedef struct {
     int queries, heads, group, head_dim, first_length, failed;
     long kv_stride;
     float scale;
+    int per; /* heads an item takes: attend_heads_per_item */
 } attention_t;
 
-/* One (head, position) of attend_f32's arguments `ctx` (an attention_t), item = head * queries + position. */
+/* The heads an item takes (attention_t's per) in a call of `queries` positions on `threads` threads. */
+INTERNAL int attend_heads_per_item(int group, int heads, int queries, int threads);
+/* One item of attend_f32's arguments `ctx` (an attention_t): a->per heads h.. at position t, item =
+ * (h / a->per) * queries + t. */
 INTERNAL void attend_f32_item(void *ctx, int item);
 
 /* ---- products (matmul.c and its kernels matmul_*.c) ------------------------------------------- */

@@ -52,15 +52,16 @@ int layers_q4f(float *x, int rows, const void *const *weights, int layers, const
     float *qkv = h + n * dim, *q = qkv + n * width, *attn = q + n * attn_width, *gate_up = attn + n * attn_width,
           *act = gate_up + n * 2 * hidden, *y = act + n * hidden;
     start[0] = 0;
+    const int per = attend_heads_per_item(heads / kv_heads, heads, rows, threads);
     for (int s = 0, r = 0; s < count; s++) {
         const int64_t *seg = segments + (long)s * SEGMENT_FIELDS;
         int first = (int)seg[SEG_FIRST];
         attention_t a = {q + (long)r * attn_width, NULL, NULL, attn + (long)r * attn_width,
                          (const int *)(intptr_t)seg[SEG_PARENTS], (int)seg[SEG_ROWS], heads, heads / kv_heads,
-                         head_dim, first + 1, 0, seg[SEG_POSITIONS] * head_dim, scale};
+                         head_dim, first + 1, 0, seg[SEG_POSITIONS] * head_dim, scale, per};
         att[s] = a;
         r += (int)seg[SEG_ROWS];
-        start[s + 1] = start[s] + (int)seg[SEG_ROWS] * heads;
+        start[s + 1] = start[s] + (int)seg[SEG_ROWS] * (heads / per);
     }
     segment_attention_t batch = {att, start, count};
     int failed = 0;

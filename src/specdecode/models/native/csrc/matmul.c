@@ -29,8 +29,43 @@ DEFINE_GROUP_SUMS(group_sums_f32, float, load_f32)
 DEFINE_GROUP_SUMS(group_sums_bf16, uint16_t, load_bf16)
 
 /* Activations quantised to 8 bits per group of 32 inputs, as llama.cpp's Q8_1 blocks (see
- * q4q8_matmul). Plain scalar C in every build: the quantised activations are the same on every path. */
-static int quantize_q8(const float *x, int rows, int in, q8_rows_t *a) {
+ * q4q8_matmul). Plain C that the compiler vectorises: max, one multiply and round-to-nearest-even
+ * per value, each exact whatever the vector width, so the quantised activations are the same on
+ * every path. One row an index of parallel_for (ctx: quantize_t). */
+typedef struct {
+    const float *x;
+    q8_rows_t *a;
+    int in;
+} quantize_t;
+
+static void quantize_row(void *ctx, int r) {
+    const quantize_t *t = ctx;
+    const int groups = t->in / 32;
+    q8_rows_t *a = t->a;
+    for (int g = 0; g < groups; g++) {
+        const float *xg = t->x + (long)r * t->in + g * 32;
+        int8_t *qg = a->q + (long)r * t->in + g * 32;
+        float amax = 0;
+        for (int i = 0; i < 32; i++) {
+            const float v = fabsf(xg[i]);
+            amax = v > amax ? v : amax;
+        }
+        const float inverse = amax > 0 ? 127.0f / amax : 0.0f;
+        int sum = 0;
+        for (int i = 0; i < 32; i++) {
+            qg[i] = (int8_t)nearbyintf(xg[i] * inverse);
+            sum += qg[i];
+        }
+        a->d[r * groups + g] = amax / 127.0f;
+        a->s[r * groups + g] = amax / 127.0f * (float)sum;
+        a->sum[r * groups + g] = sum;
+    }
+}
+
+/* Rows of at least this many inputs in all are quantised on the pool (fewer: waking it costs more) */
+enum { QUANTIZE_PARALLEL_INPUTS = 8192 };
+
+static int quantize_q8(const float *x, int rows, int in, q8_rows_t *a, int threads) {
     const int groups = in / 32;
     a->q = malloc((size_t)rows * in);
     a->d = malloc(sizeof(float) * 3 * rows * groups);
@@ -40,22 +75,8 @@ static int quantize_q8(const float *x, int rows, int in, q8_rows_t *a) {
     }
     a->s = a->d + rows * groups;
     a->sum = (int32_t *)(a->s + rows * groups);
-    for (int r = 0; r < rows; r++)
-        for (int g = 0; g < groups; g++) {
-            const float *xg = x + (long)r * in + g * 32;
-            int8_t *qg = a->q + (long)r * in + g * 32;
-            float amax = 0;
-            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xg[i]));
-            const float inverse = amax > 0 ? 127.0f / amax : 0.0f;
-            int sum = 0;
-            for (int i = 0; i < 32; i++) {
-                qg[i] = (int8_t)nearbyintf(xg[i] * inverse);
-                sum += qg[i];
-            }
-            a->d[r * groups + g] = amax / 127.0f;
-            a->s[r * groups + g] = amax / 127.0f * (float)sum;
-            a->sum[r * groups + g] = sum;
-        }
+    quantize_t t = {x, a, in};
+    parallel_for(rows, (long)rows * in >= QUANTIZE_PARALLEL_INPUTS ? threads : 1, quantize_row, &t);
     return 0;
 }
 
@@ -105,7 +126,7 @@ int q4f_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y,
 static int int8_activation_product(index_fn blocks, const float *x, const uint8_t *q, const void *coef, float *y,
                                    int rows, int in, int out, int threads) {
     q8_rows_t a;
-    if (quantize_q8(x, rows, in, &a)) return 1;
+    if (quantize_q8(x, rows, in, &a, threads)) return 1;
     product_t p = {x, q, coef, &a, y, rows, in, out, 0};
     parallel_for(out / 16, threads, blocks, &p);
     free(a.q), free(a.d);
