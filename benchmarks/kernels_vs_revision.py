@@ -50,7 +50,8 @@ def csrc_at(rev: str, into: Path) -> Path:
 
 def use(model, lib) -> None:
     """Point the model's kernels (its products and head included) at `lib`."""
-    kernels = CKernels(lib, model.heads, model.kv_heads, model.head_dim, model.compute_dtype, threads=model.n_threads)
+    kernels = CKernels(lib, model.heads, model.kv_heads, model.head_dim, model.compute_dtype, model.kernels.plan,
+                       model.n_threads)
     model.kernels = kernels
     for block in model.blocks:
         for name in ("qkv", "o", "gate_up", "down"):
@@ -66,7 +67,7 @@ def main() -> int:
     args = parser.parse_args()
 
     model = load_model(str(default_target_path()), backend="native")
-    path = model.kernels.plan.path
+    path, described = model.kernels.plan.path, f"{model}: {model.kernel_plan}"  # before `use` replaces its kernels
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         libs = {args.rev: build(csrc_at(args.rev, tmp), path, tmp / "old.so"),
@@ -101,7 +102,7 @@ def main() -> int:
     lines = ["# The C kernels of the working tree against a git revision's, on the embedded model", "",
              "```", f"python benchmarks/kernels_vs_revision.py --rev {args.rev}" + (f" --runs {args.runs}" if args.runs != 5 else ""),
              "```", "",
-             f"Machine: {cpu_model()}, {platform.platform()}; {model}: {model.kernel_plan}; best of {args.runs} runs, "
+             f"Machine: {cpu_model()}, {platform.platform()}; {described}; best of {args.runs} runs, "
              f"the libraries taking turns.", "",
              f"Logits bit-identical (a 300-token prompt, then 8 tokens): {'yes' if same else 'NO'}", "",
              "| kernels | prefill 512 tokens | T(1) | T(4) | T(8) | T(8)/T(1) |", "|---|---|---|---|---|---|"]
