@@ -66,6 +66,8 @@ def main() -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
+    args.rev = subprocess.run(["git", "rev-parse", "--short", args.rev], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()  # the commit, as the record names it
     model = load_model(str(default_target_path()), backend="native")
     path, described = model.kernels.plan.path, f"{model}: {model.kernel_plan}"  # before `use` replaces its kernels
     with tempfile.TemporaryDirectory() as tmp:
