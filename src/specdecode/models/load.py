@@ -14,22 +14,28 @@ BACKENDS = ("auto", "hf", "llama.cpp", "native")
 
 
 def resolve_backend(path: str | None, backend: str = "auto", device: str | None = None) -> str:
-    """The concrete backend "auto" stands for on this model and device."""
+    """The concrete backend "auto" stands for on this model and device: on the CPU the native backend
+    for an architecture it runs; for any other GGUF file llama.cpp where it is installed; else
+    transformers."""
     if backend != "auto":
         return backend
     from .default import default_target_path
     from .draftnet import is_draftnet
-    from .files import convert_gguf
+    from .native.source import ARCHITECTURES, gguf_architecture
 
     path = Path(path or default_target_path()).expanduser()
     if is_draftnet(path) or not path.exists():
         return "hf"  # a draft network loads the same way whatever the backend; a bad path errors there
-    directory = convert_gguf(path) if path.is_file() and path.suffix == ".gguf" else path
-    config = directory / "config.json"
-    model_type = json.loads(config.read_text()).get("model_type") if config.exists() else None
     import torch
 
     on_cpu = device == "cpu" or (device is None and not torch.cuda.is_available())
+    if path.is_file() and path.suffix == ".gguf":
+        architecture = gguf_architecture(path)
+        if architecture in ARCHITECTURES and on_cpu:
+            return "native"
+        return "llama.cpp" if on_cpu and _llamacpp_runs(path) else "hf"
+    config = path / "config.json"
+    model_type = json.loads(config.read_text()).get("model_type") if config.exists() else None
     return "native" if model_type == "llama" and on_cpu else "hf"
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .source import Groups4, Groups8
+
 
 def bf16_supported() -> bool:
     """Whether oneDNN runs bf16 products natively here (AVX512-BF16 or AMX)."""
@@ -118,10 +120,8 @@ class Int4Linear:
     @classmethod
     def quantize(cls, weight: torch.Tensor, dtype: torch.dtype, kernels=None,
                  int8_activations: bool = False) -> Int4Linear | None:
-        """weight [out, in] (float) -> an Int4Linear holding exactly its values, or None. Runs through
-        `kernels.q4q8_matmul` where `int8_activations` (float32 `dtype`, kernels with `q4q8`), else
-        `kernels.q4_matmul` where `kernels.q4` says it serves, `kernels.q4f_matmul` where `kernels.q4f`
-        does, else PyTorch's kernel."""
+        """weight [out, in] (float) -> an Int4Linear holding exactly its values, or None (see
+        `from_groups` for the kernels)."""
         N, K = weight.shape
         if K % cls.GROUP or N % 16:  # the kernels take outputs 16 at a time
             return None
@@ -133,7 +133,21 @@ class Int4Linear:
         if grid is None:
             return None
         q, scale = grid
-        q = q.to(torch.uint8)
+        groups = Groups4(q.to(torch.uint8).view(N, K), scale[..., 0].half(), low[..., 0].half())
+        return cls.from_groups(groups, dtype, kernels, int8_activations)
+
+    @classmethod
+    def from_groups(cls, groups: Groups4, dtype: torch.dtype, kernels=None,
+                    int8_activations: bool = False) -> Int4Linear | None:
+        """4-bit groups (a GGUF file's Q4_0 or Q4_1 blocks) -> an Int4Linear, or None where the kernels
+        do not take the shape. Runs through `kernels.q4q8_matmul` where `int8_activations` (float32
+        `dtype`, kernels with `q4q8`), else `kernels.q4_matmul` where `kernels.q4` says it serves,
+        `kernels.q4f_matmul` where `kernels.q4f` does, else PyTorch's kernel."""
+        N, K = groups.q.shape
+        if K % cls.GROUP or N % 16:  # the kernels take outputs 16 at a time
+            return None
+        q = groups.q.view(N, K // cls.GROUP, cls.GROUP)
+        scale, low = groups.d.float()[..., None], groups.m.float()[..., None]  # [N, K/G, 1]
         # q4f's and q4q8's d, m: float16 [N/16, K/G, 2, 16], as the file holds them (half the bytes of a, b)
         halves = lambda: torch.cat([scale, low], dim=-1).half().view(  # noqa: E731
             N // 16, 16, K // cls.GROUP, 2).permute(0, 2, 3, 1).contiguous()
@@ -192,12 +206,34 @@ class Q8Linear:
         if grid is None:
             return None
         q, scale = grid
-        scales = scale.view(N // 16, 16, K // 32).transpose(1, 2).contiguous()  # [out/16, in/32, 16]
+        return cls.from_groups(Groups8(q.to(torch.int8).view(N, K), scale[..., 0]), kernels, int8_activations)
+
+    @classmethod
+    def from_groups(cls, groups: Groups8, kernels, int8_activations: bool = False) -> Q8Linear | None:
+        """8-bit groups (a GGUF file's Q8_0 blocks) -> a Q8Linear, or None where the kernels do not take
+        the shape."""
+        N, K = groups.q.shape
+        if K % 32 or N % 16 or not hasattr(kernels, "q8_matmul"):
+            return None
+        q = groups.q
+        scales = groups.d.float().view(N // 16, 16, K // 32).transpose(1, 2).contiguous()  # [out/16, in/32, 16]
         if int8_activations:  # q8q8_matmul: [out/16, in/32, 8, 16, 4] bytes, q + 128 (chunk c, output o, input 4c + j)
             q = (q.to(torch.int16) + 128).to(torch.uint8).view(N // 16, 16, K // 32, 8, 4).permute(0, 2, 3, 1, 4)
             return cls(q.contiguous(), scales, kernels, kind="q8q8")
-        q = q.to(torch.int8).view(N // 16, 16, K).transpose(1, 2).contiguous()  # [out/16, in, 16]
+        q = q.view(N // 16, 16, K).transpose(1, 2).contiguous()  # [out/16, in, 16]
         return cls(q, scales, kernels)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out] float32
         return getattr(self.kernels, f"{self.kind}_matmul")(x, self.q, self.scales)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of W (float32 [len(ids), in]), read back from the kernel's layout: a tied
+        embedding looks its tokens up here rather than keeping a second copy of the table."""
+        block, o = ids // 16, ids % 16
+        scales = self.scales[block, :, o]  # [T, in / 32]
+        if self.kind == "q8q8":  # [out/16, in/32, 8, 16, 4] bytes, q + 128
+            q = self.q[block, :, :, o].to(torch.int16) - 128  # [T, in / 32, 8, 4]
+        else:  # [out/16, in, 16] int8
+            q = self.q[block, :, o]  # [T, in]
+        T = ids.shape[0]
+        return (q.reshape(T, -1, 32).float() * scales[..., None]).reshape(T, -1)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from contextlib import nullcontext
 from pathlib import Path
@@ -17,6 +16,7 @@ from . import threads
 from .kernels import CKernels, Segment, make_kernels
 from .linear import Int4Linear, Linear, Q8Linear, bf16_supported, dense
 from .plan import cpu_flags, kernel_plan
+from .source import DirectorySource, Embedding, GGUFSource, Groups4, Groups8, Weight, as_float, concat, open_source
 
 
 def activation_dtype() -> torch.dtype:
@@ -47,43 +47,29 @@ class NativeLlama:
     DTYPES = ("auto", "int4", "w4a8", "bfloat16", "float32")
     QUANTISED = ("int4", "w4a8")  # 4-bit weights: float activations, or 8-bit ones (integer dot products)
 
-    def __init__(self, directory: str | os.PathLike, dtype: str = "auto", name: str | None = None,
-                 max_positions: int | None = 4096, n_threads: int | None = None) -> None:
-        """`n_threads`: the kernels' threads (default: PyTorch's count, as it was before any native
-        model lowered it; see `threads`)."""
-        from safetensors.torch import load_file
-        from transformers import AutoTokenizer
-
-        directory = Path(directory)
-        config = json.loads((directory / "config.json").read_text())
-        if config.get("model_type") != "llama":
-            raise ValueError(f"the native backend runs Llama-family models; this one is "
-                             f"{config.get('model_type')!r}: use --backend hf")
-        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-        if rope.get("rope_type", rope.get("type", "default")) != "default":
-            raise ValueError(f"the native backend supports default RoPE only, not {rope.get('rope_type')!r}: "
-                             "use --backend hf")
+    def __init__(self, source: str | os.PathLike | DirectorySource | GGUFSource, dtype: str = "auto",
+                 name: str | None = None, max_positions: int | None = 4096, n_threads: int | None = None) -> None:
+        """`source`: a .gguf file (read directly) or a transformers directory, or a source opened on one
+        (`source.open_source`). `n_threads`: the kernels' threads (default: PyTorch's count, as it
+        was before any native model lowered it; see `threads`)."""
+        if not isinstance(source, (DirectorySource, GGUFSource)):
+            source = open_source(source)
         if dtype not in self.DTYPES:
             raise ValueError(f"the native backend runs {', '.join(self.DTYPES)}, not {dtype!r}")
-        self.name = name or directory.name
+        where = getattr(source, "path", None) or source.directory
+        self.name = name or where.name
         self.n_threads = threads.cores(n_threads)
         self.device = torch.device("cpu")
-        self.tokenizer = AutoTokenizer.from_pretrained(directory)
+        self.tokenizer = source.tokenizer()
         self.vocab = Vocabulary.from_tokens(self.name, self.tokenizer.get_vocab())
-        self.eos_token_ids = eos_ids(config.get("eos_token_id"), self.tokenizer)
+        self.eos_token_ids = eos_ids(source.eos_token_id, self.tokenizer)
 
-        self.layers = config["num_hidden_layers"]
-        self.heads = config["num_attention_heads"]
-        self.kv_heads = config.get("num_key_value_heads", self.heads)
-        self.dim = config["hidden_size"]
-        self.head_dim = config.get("head_dim") or self.dim // self.heads
-        self.eps = config["rms_norm_eps"]
-        limit = config.get("max_position_embeddings", 4096)
-        self.max_positions = min(limit, max_positions) if max_positions else limit
-        theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
+        hyper = source.hyper
+        self.layers, self.heads, self.kv_heads = hyper.layers, hyper.heads, hyper.kv_heads
+        self.dim, self.head_dim, self.eps = hyper.dim, hyper.head_dim, hyper.eps
+        self.max_positions = min(hyper.context, max_positions) if max_positions else hyper.context
 
-        w = load_file(directory / "model.safetensors")
-        products = [self._block_products(w, i) for i in range(self.layers)]
+        products = [self._block_products(source, i) for i in range(self.layers)]
         quantised = self._quantised_dtype(dtype)  # 8-bit activations: float32 between the products
         self._use(torch.float32 if dtype == "float32" or quantised == "w4a8" else activation_dtype())
         if quantised == "w4a8" and not self.kernels.q4q8:  # these shapes take PyTorch's ops
@@ -91,33 +77,33 @@ class NativeLlama:
                 raise ValueError(f"--dtype w4a8 needs the C kernels, which do not serve {self.name}'s shapes")
             quantised = "int4"
             self._use(activation_dtype())
-        linears = self._int4(products, quantised, strict=dtype != "auto") if quantised else None
+        linears = self._grouped(products, quantised, strict=dtype != "auto") if quantised else None
         if linears is None and dtype == "auto" and self.compute_dtype != activation_dtype():
             self._use(activation_dtype())  # not 4-bit groups: the widest fast float
         self.dtype = quantised if linears else str(self.compute_dtype).removeprefix("torch.")
-        # A prefill is compute-bound (each weight serves every prompt row), which oneDNN's bf16 product
-        # serves better than the int4 kernels, so the prompt goes through bf16 copies where the path runs
-        # bf16 (w4a8 too: its float32 stream is cast for them), unless `row_invariant_prompts` (below)
-        # sends prompts through the decode path.
-        prefill_dtype = activation_dtype() if self.dtype == "w4a8" else self.compute_dtype
-        self.prefill_products = [{n: Linear(m.to(prefill_dtype)) for n, m in b.items()} for b in products]
-        if linears is None and self.compute_dtype == torch.float32:  # BLAS float32 rows depend on the row count
-            linears = [{n: dense(m, torch.float32, self.kernels) for n, m in b.items()} for b in products]
-        linears = linears or self.prefill_products
-        del products
-        head = w.get("lm_head.weight", w["model.embed_tokens.weight"])  # [V, D]
-        # In 4-bit mode a head stored in 8-bit blocks (Q8_0) runs as such; else in the activation dtype.
-        self.head = (Q8Linear.quantize(head, self.kernels, int8_activations=self.dtype == "w4a8")
-                     if self.dtype in self.QUANTISED else None) or dense(
-            head, self.compute_dtype, self.kernels)
-        g = lambda name: w[name].to(self.compute_dtype)  # noqa: E731  (the products are built already)
-        self.embed = g("model.embed_tokens.weight")  # [V, D]
-        self.blocks = [dict(attn_norm=g(f"model.layers.{i}.input_layernorm.weight"),
-                            mlp_norm=g(f"model.layers.{i}.post_attention_layernorm.weight"), **linears[i])
+        if linears is None:  # BLAS float32 rows depend on the row count: `dense` keeps them row-invariant
+            linears = [{n: dense(as_float(m), self.compute_dtype, self.kernels) for n, m in b.items()}
+                       for b in products]
+        embed = source.weight("token_embd")
+        head = source.weight("output")
+        head = embed if head is None else head  # tied
+        # In 4-bit mode a head stored in 8-bit blocks (Q8_0, as SmolLM2's GGUF stores it) runs as such; else
+        # in the activation dtype.
+        self.head = (self._group_product(head, "w4a8" if self.dtype == "w4a8" else "int4", head=True)
+                     if self.dtype in self.QUANTISED else None) or dense(as_float(head), self.compute_dtype,
+                                                                          self.kernels)
+        tied = head is embed
+        del head
+        # A tied table held once: an 8-bit head's rows serve the lookups
+        self.embedding = Embedding(self.head.rows if tied and isinstance(self.head, Q8Linear) else embed,
+                                   self.compute_dtype)
+        del embed
+        vector = lambda name, layer=None: as_float(source.weight(name, layer)).to(self.compute_dtype)  # noqa: E731
+        self.blocks = [dict(attn_norm=vector("attn_norm", i), mlp_norm=vector("ffn_norm", i), **linears[i])
                        for i in range(self.layers)]
-        self.norm = g("model.norm.weight")
+        self.norm = vector("output_norm")
         self.vocab_size = self.head.out_features
-        inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
+        inv_freq = 1.0 / (hyper.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
         freqs = torch.outer(torch.arange(self.max_positions, dtype=torch.float32), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)  # [P, hd]
         self.cos, self.sin = emb.cos().to(self.compute_dtype), emb.sin().to(self.compute_dtype)
@@ -129,6 +115,21 @@ class NativeLlama:
         # tiles, whose bf16 products serve a prompt faster, nor where the dot products are plain C.
         self.row_invariant_prompts = (self.layer_pointers is not None and self.dtype == "w4a8"
                                       and getattr(self.kernels, "q4q8_vector", False) and "amx_tile" not in cpu_flags())
+        # A prefill is compute-bound (each weight serves every prompt row), which oneDNN's bf16 product
+        # serves better than the int4 kernels, so otherwise the prompt goes through bf16 copies where the
+        # path runs bf16 (w4a8 too: its float32 stream is cast for them). Kept only where used: they cost
+        # memory the size of the model in bf16.
+        if self.row_invariant_prompts:
+            self.prefill_products = None
+        elif self.dtype in self.QUANTISED:
+            prefill_dtype = activation_dtype() if self.dtype == "w4a8" else self.compute_dtype
+            self.prefill_products = [{n: Linear(as_float(m).to(prefill_dtype)) for n, m in b.items()}
+                                     for b in products]
+        else:
+            self.prefill_products = linears
+        del products
+        source.close()
+        release_freed_memory()
         # Where the C kernels run every decode layer and the head, PyTorch keeps to one thread (module
         # `threads`: its idle workers would spin on the kernels' cores); a forward through PyTorch's
         # products borrows them back.
@@ -169,26 +170,39 @@ class NativeLlama:
         return torch.tensor(rows, dtype=torch.int64)
 
     @staticmethod
-    def _block_products(w: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
+    def _block_products(source, i: int) -> dict[str, Weight]:
         """Layer i's four products, each projection group fused into one weight [out, in]."""
-        g = lambda n: w[f"model.layers.{i}.{n}.weight"]  # noqa: E731
-        return dict(qkv=torch.cat([g("self_attn.q_proj"), g("self_attn.k_proj"), g("self_attn.v_proj")]),
-                    o=g("self_attn.o_proj"), gate_up=torch.cat([g("mlp.gate_proj"), g("mlp.up_proj")]),
-                    down=g("mlp.down_proj"))
+        w = lambda n: source.weight(n, i)  # noqa: E731
+        return dict(qkv=concat([w("attn_q"), w("attn_k"), w("attn_v")]), o=w("attn_output"),
+                    gate_up=concat([w("ffn_gate"), w("ffn_up")]), down=w("ffn_down"))
 
-    def _int4(self, products: list[dict[str, torch.Tensor]], dtype: str,
-              strict: bool) -> list[dict[str, Int4Linear]] | None:
-        """Every block product as 4-bit groups (`dtype` int4 or w4a8), or None (an error if `strict`) if
-        one is not such a grid."""
+    def _group_product(self, weight: Weight, dtype: str, head: bool = False) -> Int4Linear | Q8Linear | None:
+        """A product on the weight's own groups (`dtype` int4 or w4a8: float or 8-bit activations), or
+        None: the file's 4-bit groups (or a float weight that is such a grid, as a dequantised Q4_1
+        file's); 8-bit groups (Q8_0) for the head, or for a block product with 8-bit activations."""
+        int8 = dtype == "w4a8"
+        if isinstance(weight, Groups8):
+            return Q8Linear.from_groups(weight, self.kernels, int8_activations=int8) if head or int8 else None
+        if head:
+            return Q8Linear.quantize(weight, self.kernels, int8_activations=int8) if isinstance(
+                weight, torch.Tensor) else None
+        if isinstance(weight, Groups4):
+            return Int4Linear.from_groups(weight, self.compute_dtype, self.kernels, int8_activations=int8)
+        return Int4Linear.quantize(weight, self.compute_dtype, self.kernels, int8_activations=int8)
+
+    def _grouped(self, products: list[dict[str, Weight]], dtype: str,
+                 strict: bool) -> list[dict[str, Int4Linear | Q8Linear]] | None:
+        """Every block product on its own groups (`dtype` int4 or w4a8), or None (an error if `strict`)
+        if one has none the kernels take."""
         linears = []
         for i, b in enumerate(products):
-            layer = {n: Int4Linear.quantize(m, self.compute_dtype, self.kernels, int8_activations=dtype == "w4a8")
-                     for n, m in b.items()}
+            layer = {n: self._group_product(m, dtype) for n, m in b.items()}
             missing = [n for n, linear in layer.items() if linear is None]
             if missing and strict:
-                raise ValueError(f"--dtype {dtype} runs a model on its own 4-bit weights, and layer {i}'s {missing[0]} "
-                                 f"product of {self.name} is not 4-bit groups of {Int4Linear.GROUP} (as a GGUF "
-                                 f"Q4_1 file's are): use --dtype bfloat16 or auto")
+                raise ValueError(f"--dtype {dtype} runs a model on its own quantised weights, and layer {i}'s "
+                                 f"{missing[0]} product of {self.name} is not 4-bit groups of {Int4Linear.GROUP} "
+                                 f"(as a GGUF Q4_0 or Q4_1 file's are) nor, with w4a8, Q8_0 blocks: use --dtype "
+                                 f"bfloat16 or auto")
             if missing:
                 return None
             linears.append(layer)
@@ -327,7 +341,7 @@ class NativeLlama:
         one = len(segments) == 1
         positions = self._positions(segments[0]) if one else torch.cat([self._positions(s) for s in segments])
         cos, sin = self.cos[positions], self.sin[positions]  # [T, hd]
-        x = F.embedding(ids, self.embed)  # [T, D]
+        x = self.embedding(ids)  # [T, D]
         if not prefill and self.layer_pointers is not None:  # the loop below in one C call
             hidden = self.blocks[0]["gate_up"].out_features // 2
             x = self.kernels.layers_q4f(
@@ -349,7 +363,7 @@ class NativeLlama:
             bounds.append((start, start + s.rows, s.cache.length))
             start += s.rows
         for i, b in enumerate(self.blocks):
-            products = self.prefill_products[i] if prefill else b
+            products = self.prefill_products[i] if prefill and self.prefill_products else b
             qkv = products["qkv"](self.kernels.rms_norm(x, b["attn_norm"], self.eps))  # [T, (H + 2 Hkv) hd]
             parts = []
             for s, (lo, hi, p0) in zip(segments, bounds):
@@ -398,13 +412,25 @@ class NativeLlama:
         return f"NativeLlama({self.name}, {self.dtype}, kernels={self.kernels.plan.path})"
 
 
+def release_freed_memory() -> None:
+    """Hand the memory a load allocated and freed back to the system (glibc keeps freed heap memory
+    for reuse: after a load, more than the model's own size)."""
+    import ctypes
+    import ctypes.util
+
+    library = ctypes.util.find_library("c")
+    try:
+        ctypes.CDLL(library).malloc_trim(0)
+    except (OSError, AttributeError, TypeError):  # not glibc
+        pass
+
+
 def load_native(path: str | os.PathLike, dtype: str = "auto", max_positions: int | None = 4096,
                 n_threads: int | None = None) -> NativeLlama:
-    """A transformers Llama directory or a .gguf file (dequantised once and cached, as for `hf`).
+    """A .gguf file, read directly (its own quantised blocks), or a transformers Llama directory.
 
-    dtype "auto": 4-bit products where the weights are 4-bit groups (a Q4_1 GGUF), else bf16;
+    dtype "auto": 4-bit products where the weights are 4-bit groups (a Q4_0 or Q4_1 GGUF), else bf16;
     "bfloat16" and "int4" compute in float32 on CPUs without bf16 units (emulated bf16 is slower)."""
-    from ..files import model_directory
-
-    path, directory = model_directory(path)
-    return NativeLlama(directory, dtype, name=path.name, max_positions=max_positions, n_threads=n_threads)
+    source = open_source(path)
+    return NativeLlama(source, dtype, name=Path(path).expanduser().name, max_positions=max_positions,
+                       n_threads=n_threads)

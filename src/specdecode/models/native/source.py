@@ -1,0 +1,352 @@
+"""Where a native model's hyperparameters and weights come from: a transformers directory (float
+tensors in safetensors) or a GGUF file read directly over a memory map (its own quantised blocks:
+no dequantisation on the way, no converted copy on disk).
+
+Both give the model the same things under llama.cpp's tensor names (`attn_q`, `ffn_down`,
+`token_embd`, ...): a `Hyper` of the architecture's sizes, and each weight as float, 4-bit groups
+(`Groups4`: Q4_0 and Q4_1 blocks) or 8-bit groups (`Groups8`: Q8_0 blocks). A GGUF type the kernels
+have no product for is dequantised by the `gguf` package (exact: the file's own values), so every
+file runs, those tensors as float.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple, Union
+
+import numpy as np
+import torch
+
+GROUP = 32  # inputs a scale covers in Q4_0, Q4_1 and Q8_0 blocks
+
+# general.architecture values the native model runs, and the transformers model_type of each
+ARCHITECTURES = {"llama": "llama", "mistral": "llama"}
+
+
+class Groups4(NamedTuple):
+    """w = d q + m per group of 32 inputs, q in 0..15 (Q4_1; Q4_0 is m = -8 d, exact in float16)."""
+
+    q: torch.Tensor  # [N, K] uint8
+    d: torch.Tensor  # [N, K / 32] float16
+    m: torch.Tensor  # [N, K / 32] float16
+
+    def dense(self) -> torch.Tensor:  # [N, K] float32
+        N, K = self.q.shape
+        w = self.q.view(N, K // GROUP, GROUP).float() * self.d.float()[..., None] + self.m.float()[..., None]
+        return w.view(N, K)
+
+
+class Groups8(NamedTuple):
+    """w = d q per group of 32 inputs, q in -127..127 (Q8_0)."""
+
+    q: torch.Tensor  # [N, K] int8
+    d: torch.Tensor  # [N, K / 32] float32 (the file's float16, widened)
+
+    def dense(self) -> torch.Tensor:  # [N, K] float32
+        N, K = self.q.shape
+        return (self.q.view(N, K // GROUP, GROUP).float() * self.d[..., None]).view(N, K)
+
+
+Weight = Union[torch.Tensor, Groups4, Groups8]
+
+
+def as_float(weight: Weight) -> torch.Tensor:
+    """Any weight as float ([N, K] float32 for groups, a float tensor as it is)."""
+    return weight if isinstance(weight, torch.Tensor) else weight.dense()
+
+
+def concat(parts: list[Weight]) -> Weight:
+    """Weights with the same inputs stacked along their outputs (q|k|v, gate|up): groups of one kind
+    stay groups, anything mixed becomes float."""
+    kind = type(parts[0])
+    if kind is not torch.Tensor and all(type(p) is kind for p in parts):
+        return kind(*(torch.cat(fields) for fields in zip(*parts)))
+    return torch.cat([as_float(p).float() for p in parts])
+
+
+class Embedding:
+    """Token embeddings looked up in the weight as stored: a float table, or groups whose rows are
+    dequantised as they are looked up (a Q8_0 table is a quarter of float32's memory)."""
+
+    def __init__(self, weight: Weight, dtype: torch.dtype) -> None:  # weight [V, D]
+        self.weight = weight.to(dtype) if isinstance(weight, torch.Tensor) else weight
+        self.dtype = dtype
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, D]
+        if isinstance(self.weight, torch.Tensor):
+            return torch.nn.functional.embedding(ids, self.weight)
+        if callable(self.weight):  # rows of a tied head's product (see `rows_of`)
+            return self.weight(ids).to(self.dtype)
+        return type(self.weight)(*(field[ids] for field in self.weight)).dense().to(self.dtype)
+
+
+@dataclass(frozen=True)
+class Hyper:
+    """A Llama-family model's sizes (the names are transformers' config keys where they have one)."""
+
+    layers: int
+    heads: int
+    kv_heads: int
+    dim: int
+    head_dim: int
+    hidden: int
+    eps: float
+    theta: float
+    context: int
+
+
+# llama.cpp's names of a layer's tensors, and transformers' names of the same
+LAYER_TENSORS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                 "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                 "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+class DirectorySource:
+    """A transformers Llama directory (config.json, model.safetensors, the tokenizer's files)."""
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        from safetensors.torch import load_file
+
+        self.directory = Path(directory)
+        config = json.loads((self.directory / "config.json").read_text())
+        if config.get("model_type") != "llama":
+            raise ValueError(f"the native backend runs Llama-family models; this one is "
+                             f"{config.get('model_type')!r}: use --backend hf")
+        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
+            raise ValueError(f"the native backend supports default RoPE only, not {rope.get('rope_type')!r}: "
+                             "use --backend hf")
+        heads = config["num_attention_heads"]
+        self.hyper = Hyper(layers=config["num_hidden_layers"], heads=heads,
+                           kv_heads=config.get("num_key_value_heads", heads), dim=config["hidden_size"],
+                           head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+                           hidden=config["intermediate_size"], eps=config["rms_norm_eps"],
+                           theta=rope.get("rope_theta", config.get("rope_theta", 10000.0)),
+                           context=config.get("max_position_embeddings", 4096))
+        self.eos_token_id = config.get("eos_token_id")
+        self._tensors = load_file(self.directory / "model.safetensors")
+
+    def tokenizer(self):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.directory)
+
+    def weight(self, name: str, layer: int | None = None) -> Weight | None:
+        """A tensor by llama.cpp's name (None where the model has none, e.g. a tied `output`)."""
+        hf = f"model.layers.{layer}.{LAYER_TENSORS[name]}" if layer is not None else GLOBAL_TENSORS[name]
+        return self._tensors.get(hf + ".weight")
+
+    def close(self) -> None:
+        self._tensors = {}
+
+
+def _un_permute(rows: int, heads: int) -> torch.Tensor:
+    """The row order that undoes llama.cpp's converter's permutation of a Llama q or k projection
+    (it interleaves each head's two rotary halves for its own RoPE): output row r of transformers'
+    layout is row order[r] of the file's."""
+    return torch.arange(rows).view(heads, rows // heads // 2, 2).transpose(1, 2).reshape(-1)
+
+
+class _Tensor(NamedTuple):
+    """A tensor of a GGUF file: its type (gguf.GGMLQuantizationType) and its bytes as numpy
+    [rows, bytes a row] uint8 over the file's memory map (float types in their own dtype)."""
+
+    tensor_type: object
+    data: np.ndarray
+
+
+class GGUFHeader:
+    """A GGUF file's metadata and tensor table, read with `struct` over a memory map: scalars and short
+    arrays kept, long arrays (a tokenizer's vocabulary and merges) skipped over, which the `gguf`
+    package's reader spends seconds turning into numpy views (a 262k vocabulary: tens of seconds).
+    The layout is GGUF's (version 2 and 3): https://github.com/ggml-org/ggml/blob/master/docs/gguf.md"""
+
+    # value type -> struct format (8: string, 9: array)
+    SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+    KEEP_ARRAYS = 64  # longer arrays are skipped
+
+    def __init__(self, path: Path) -> None:
+        import struct
+
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        self.map = np.memmap(path, dtype=np.uint8, mode="r")
+        buffer, at = memoryview(self.map), 0
+
+        def take(fmt: str):
+            nonlocal at
+            value = struct.unpack_from(fmt, buffer, at)
+            at += struct.calcsize(fmt)
+            return value[0]
+
+        def string() -> str:
+            nonlocal at
+            n = take("<Q")
+            at += n
+            return bytes(buffer[at - n : at]).decode("utf-8", errors="replace")
+
+        def value(kind: int):
+            nonlocal at
+            if kind in self.SCALARS:
+                return take(self.SCALARS[kind])
+            if kind == 8:
+                return string()
+            if kind != 9:
+                raise ValueError(f"unknown GGUF value type {kind}")
+            item, count = take("<I"), take("<Q")
+            if count <= self.KEEP_ARRAYS:
+                return [value(item) for _ in range(count)]
+            if item in self.SCALARS:  # skipped in one step
+                at += count * struct.calcsize(self.SCALARS[item])
+            elif item == 8:  # strings: each one's length read, its bytes stepped over
+                for _ in range(count):
+                    at += 8 + struct.unpack_from("<Q", buffer, at)[0]
+            else:
+                for _ in range(count):
+                    value(item)
+            return None
+
+        if bytes(buffer[:4]) != b"GGUF":
+            raise ValueError("it does not start with GGUF's magic bytes")
+        at = 4
+        version = take("<I")
+        if version not in (2, 3):
+            raise ValueError(f"it is GGUF version {version}; version 2 and 3 are read")
+        tensors, fields = take("<Q"), take("<Q")
+        self.fields = {}
+        for _ in range(fields):
+            key = string()
+            self.fields[key] = value(take("<I"))
+        table = []
+        for _ in range(tensors):
+            name, dims = string(), take("<I")
+            shape = [take("<Q") for _ in range(dims)]  # innermost first
+            table.append((name, shape, GGMLQuantizationType(take("<I")), take("<Q")))
+        alignment = self.fields.get("general.alignment", 32)
+        start = -(-at // alignment) * alignment
+        self.tensors = {}
+        for name, shape, kind, offset in table:
+            block, block_bytes = GGML_QUANT_SIZES[kind]
+            row = shape[0] // block * block_bytes  # bytes a row
+            rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+            data = self.map[start + offset : start + offset + rows * row].reshape(rows, row)
+            if kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+                data = data.view(np.float32 if kind == GGMLQuantizationType.F32 else np.float16)
+            elif kind == GGMLQuantizationType.BF16:
+                data = data.view(np.int16)
+            data = data[0] if len(shape) == 1 else data
+            self.tensors[name] = _Tensor(kind, data)
+
+
+class GGUFSource:
+    """A GGUF file, its tensors read over a memory map (`GGUFHeader`). Q4_0, Q4_1 and Q8_0 blocks
+    become groups as they are; F32, F16 and BF16 tensors float; any other type is dequantised."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        try:
+            self.header = GGUFHeader(self.path)
+        except (ValueError, OSError, KeyError, IndexError) as e:
+            raise ValueError(f"{str(self.path)!r} is not a GGUF file this reader can read: {e}") from None
+        self.architecture = self._field("general.architecture")
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"the native backend runs the {', '.join(ARCHITECTURES)} architectures; "
+                             f"{self.path.name} is {self.architecture!r}")
+        a = self.architecture
+        heads = self._field(f"{a}.attention.head_count")
+        dim = self._field(f"{a}.embedding_length")
+        if self._field(f"{a}.rope.scaling.type", "none") not in ("none", "linear") or \
+                self._field(f"{a}.rope.scaling.factor", 1.0) != 1.0:
+            raise ValueError(f"the native backend supports default RoPE only; {self.path.name} scales it "
+                             f"({self._field(f'{a}.rope.scaling.type')})")
+        self.hyper = Hyper(layers=self._field(f"{a}.block_count"), heads=heads,
+                           kv_heads=self._field(f"{a}.attention.head_count_kv", heads), dim=dim,
+                           head_dim=self._field(f"{a}.attention.key_length", dim // heads),
+                           hidden=self._field(f"{a}.feed_forward_length"),
+                           eps=self._field(f"{a}.attention.layer_norm_rms_epsilon"),
+                           theta=self._field(f"{a}.rope.freq_base", 10000.0),
+                           context=self._field(f"{a}.context_length", 4096))
+        self.eos_token_id = self._field("tokenizer.ggml.eos_token_id", None)
+        self._tensors = self.header.tensors
+
+    def _field(self, key: str, default=...):
+        field = self.header.fields.get(key)
+        if field is None:
+            if default is ...:
+                raise ValueError(f"{self.path.name} has no {key!r}, which a {self.architecture} model needs")
+            return default
+        return field
+
+    def tokenizer(self):
+        from ..files import gguf_tokenizer
+
+        return gguf_tokenizer(self.path)
+
+    def weight(self, name: str, layer: int | None = None) -> Weight | None:
+        """A tensor by its name in the file (`blk.{layer}.` before a layer's), as groups or float;
+        None where the file has none (a tied `output`)."""
+        tensor = self._tensors.get(f"blk.{layer}.{name}.weight" if layer is not None else f"{name}.weight")
+        if tensor is None:
+            return None
+        weight = _read(tensor)
+        if name in ("attn_q", "attn_k") and self.architecture in ("llama", "mistral"):
+            order = _un_permute(weight_rows(weight), self.hyper.heads if name == "attn_q" else self.hyper.kv_heads)
+            weight = type(weight)(*(f[order] for f in weight)) if not isinstance(weight, torch.Tensor) else weight[order]
+        return weight
+
+    def close(self) -> None:
+        """Drop the memory map (the model holds its own copies of what it uses)."""
+        self._tensors, self.header = {}, None
+
+
+def weight_rows(weight: Weight) -> int:
+    return (weight if isinstance(weight, torch.Tensor) else weight.q).shape[0]
+
+
+def _read(tensor) -> Weight:
+    """One GGUF tensor as groups, or float for the rest."""
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import dequantize
+
+    kind, data = tensor.tensor_type, np.asarray(tensor.data)
+    if kind in (T.F32, T.F16):
+        return torch.from_numpy(np.array(data))
+    if kind == T.BF16:  # int16 bits
+        return torch.from_numpy(np.array(data)).view(torch.bfloat16)
+    N = data.shape[0]
+    if kind in (T.Q4_0, T.Q4_1, T.Q8_0):
+        blocks = data.reshape(N, -1, {T.Q4_0: 18, T.Q4_1: 20, T.Q8_0: 34}[kind])  # [N, K / 32, block bytes]
+        d = torch.from_numpy(np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0])  # [N, K / 32]
+        if kind == T.Q8_0:
+            q = torch.from_numpy(np.ascontiguousarray(blocks[..., 2:]).view(np.int8)).reshape(N, -1)
+            return Groups8(q, d.float())
+        packed = torch.from_numpy(np.ascontiguousarray(blocks[..., 4 if kind == T.Q4_1 else 2:]))  # [N, K/32, 16]
+        q = torch.cat([packed & 15, packed >> 4], dim=-1).reshape(N, -1)  # element i low nibble, i + 16 high
+        m = (torch.from_numpy(np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0]) if kind == T.Q4_1
+             else d * -8)  # Q4_0: w = d (q - 8), the float16 product exact
+        return Groups4(q, d, m)
+    return torch.from_numpy(dequantize(data, kind))  # [N, K] float32
+
+
+def gguf_architecture(path: str | os.PathLike) -> str | None:
+    """A GGUF file's general.architecture (None where it cannot be read)."""
+    try:
+        return GGUFHeader(Path(path)).fields.get("general.architecture")
+    except (ValueError, OSError, KeyError, IndexError):
+        return None
+
+
+def open_source(path: str | os.PathLike) -> DirectorySource | GGUFSource:
+    """The source behind a model path: a .gguf file read directly, or a transformers directory."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model path {str(path)!r} does not exist (a local directory or .gguf file is needed)")
+    if path.is_file() and path.suffix == ".gguf":
+        return GGUFSource(path)
+    if not (path / "config.json").exists():
+        raise ValueError(f"{str(path)!r} is neither a .gguf file nor a transformers model directory (no config.json)")
+    return DirectorySource(path)

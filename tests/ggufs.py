@@ -1,0 +1,87 @@
+"""Small random-weight GGUF models, written the way llama.cpp's converter writes them (the `gguf`
+writer; the embedded model's tokenizer, so llama.cpp loads them) and quantised by llama.cpp itself
+(llama-cpp-python's quantize API) into each format a user brings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from specdecode.models.default import default_target_path
+
+FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K_M", "F16")
+
+
+def _copy_tokenizer(writer, source: Path) -> None:
+    """Every tokenizer.* field of the GGUF file `source` (the embedded model's: vocabulary, merges,
+    special ids, chat template)."""
+    import gguf
+
+    reader = gguf.GGUFReader(source)
+    for key, field in reader.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        kind = field.types[0]
+        if kind == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(key, field.contents(), kind, sub_type=field.types[-1])
+        else:
+            writer.add_key_value(key, field.contents(), kind)
+
+
+def write_llama(path: Path, layers: int = 2, dim: int = 128, heads: int = 4, kv_heads: int = 2, hidden: int = 256,
+                seed: int = 0, context: int = 512) -> Path:
+    """A Llama of random float32 weights as a GGUF file (tied embeddings, as SmolLM2's). The embeddings'
+    spread (0.25; the head is tied) gives next-token distributions of a few nats' entropy: neither
+    uniform nor one-hot, so that a misread weight moves them measurably."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    vocab = 49152  # the embedded model's tokenizer
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(layers)
+    writer.add_context_length(context)
+    writer.add_embedding_length(dim)
+    writer.add_feed_forward_length(hidden)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(dim // heads)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    _copy_tokenizer(writer, default_target_path())
+    head_dim = dim // heads
+
+    def tensor(name: str, *shape: int, std: float) -> None:
+        writer.add_tensor(name, (rng.standard_normal(shape) * std).astype(np.float32))
+
+    tensor("token_embd.weight", vocab, dim, std=0.25)
+    writer.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
+    for i in range(layers):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
+        tensor(f"blk.{i}.attn_q.weight", heads * head_dim, dim, std=dim ** -0.5)
+        tensor(f"blk.{i}.attn_k.weight", kv_heads * head_dim, dim, std=dim ** -0.5)
+        tensor(f"blk.{i}.attn_v.weight", kv_heads * head_dim, dim, std=dim ** -0.5)
+        tensor(f"blk.{i}.attn_output.weight", dim, heads * head_dim, std=(heads * head_dim) ** -0.5)
+        tensor(f"blk.{i}.ffn_gate.weight", hidden, dim, std=dim ** -0.5)
+        tensor(f"blk.{i}.ffn_up.weight", hidden, dim, std=dim ** -0.5)
+        tensor(f"blk.{i}.ffn_down.weight", dim, hidden, std=hidden ** -0.5)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def quantize(source: Path, fmt: str, out: Path | None = None) -> Path:
+    """`source` quantised by llama.cpp into `fmt` (one of FORMATS)."""
+    import llama_cpp
+
+    out = out or source.with_name(f"{source.stem}.{fmt}.gguf")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{fmt}")
+    params.nthread = 2
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(), params) != 0:
+        raise RuntimeError(f"llama.cpp could not quantise {source} to {fmt}")
+    return out
