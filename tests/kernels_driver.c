@@ -64,6 +64,8 @@ static const float *scales, *weight;
 static int threads = 2;
 static void run_q4q8(const float *x, float *y, int rows) { q4q8_matmul(x, q4, coef, y, rows, IN, OUT, threads); }
 static void run_q8q8(const float *x, float *y, int rows) { q8q8_matmul(x, q8, scales, y, rows, IN, OUT, threads); }
+static const float *wide_coef;
+static void run_q4wq8(const float *x, float *y, int rows) { q4wq8_matmul(x, q4, wide_coef, y, rows, IN, OUT, threads); }
 static void run_q4f(const float *x, float *y, int rows) { q4f_matmul(x, q4, coef, y, rows, IN, OUT, threads); }
 static void run_q8(const float *x, float *y, int rows) {
     q8_matmul(x, (const int8_t *)q8, scales, y, rows, IN, OUT, threads);
@@ -82,10 +84,12 @@ int main(int argc, char **argv) {
     q8 = bytes((long)OUT * IN);
     coef = halves((long)OUT / 16 * IN / 32 * 32);
     scales = floats((long)OUT / 16 * IN / 32 * 16, 0.01f);
+    wide_coef = floats((long)OUT / 16 * IN / 32 * 32, 0.01f);
     weight = floats((long)OUT * IN, 0.05f);
     norm_weight = floats(IN, 1.0f);
     check_product("q4q8_matmul", run_q4q8, x, IN, OUT);
     check_product("q8q8_matmul", run_q8q8, x, IN, OUT);
+    check_product("q4wq8_matmul", run_q4wq8, x, IN, OUT);
     check_product("q4f_matmul", run_q4f, x, IN, OUT);
     check_product("q8_matmul", run_q8, x, IN, OUT);
     check_product("f32_matmul", run_f32, x, IN, OUT);

@@ -2,6 +2,8 @@
 
 import torch
 
+from specdecode.models.native.source import Groups4
+
 
 def q4_grid(out_features, in_features, gen):
     """A weight made the way a Q4_1 file holds it: 4-bit values q, w = d q + m per 32 inputs, d and m
@@ -11,3 +13,15 @@ def q4_grid(out_features, in_features, gen):
     d = (torch.rand(out_features, in_features // 32, 1, generator=gen) * 0.01 + 1e-3).half().float()
     m = (-torch.rand(out_features, in_features // 32, 1, generator=gen) * 0.05).half().float()
     return (q * d + m).view(out_features, in_features)
+
+
+def q4k_groups(out_features, in_features, gen):
+    """4-bit groups made the way a Q4_K file holds them: per 256 inputs a float16 d and dmin, per 32 a
+    6-bit scale sc and min m: w = (d sc) q - (dmin m), the coefficients exact in float32 only."""
+    blocks = in_features // 256
+    d = (torch.rand(out_features, blocks, 1, generator=gen) * 1e-3 + 1e-4).half().float()
+    dmin = (torch.rand(out_features, blocks, 1, generator=gen) * 1e-3 + 1e-4).half().float()
+    sc = torch.randint(1, 64, (out_features, blocks, 8), generator=gen).float()
+    mn = torch.randint(0, 64, (out_features, blocks, 8), generator=gen).float()
+    q = torch.randint(0, 16, (out_features, in_features), generator=gen).to(torch.uint8)
+    return Groups4(q, (d * sc).view(out_features, -1), (-dmin * mn).view(out_features, -1))

@@ -50,7 +50,9 @@ VARIANTS = _variants()
 def model(request):
     name, path, dtype = request.param
     model = load_on_path(path, dtype)
-    if name in ("loop", "torch"):
+    if name == "loop":  # float32 products run in the one C call too: the loop is what is tested here
+        model.layer_pointers = None
+    if name == "torch":
         assert model.layer_pointers is None
     if name == "q4f":
         assert model.layer_pointers is not None and model.dtype == "int4"

@@ -29,26 +29,32 @@ def files(tmp_path_factory):
 
 @pytest.mark.parametrize("fmt", ["Q4_0", "Q4_1", "Q8_0", "Q4_K_M"])
 def test_a_tensor_read_directly_holds_the_files_own_values(files, fmt):
-    """Q4_0/Q4_1/Q8_0 blocks come out as groups, other types as float, each equal to the gguf package's
-    dequantisation of the same tensor; q and k rows come back in transformers' order."""
+    """Q4_0/Q4_1/Q4_K/Q8_0 blocks come out as groups, other types as float, each equal to the gguf
+    package's dequantisation of the same tensor; q and k rows come back in transformers' order."""
     import gguf
     from gguf.quants import dequantize
 
     source = GGUFSource(files[fmt])
     tensors = {t.name: t for t in gguf.GGUFReader(files[fmt]).tensors}
-    for name in ("ffn_up", "attn_q", "attn_k"):
+    kinds = set()
+    for name in ("ffn_up", "ffn_down", "attn_q", "attn_k"):
         weight = source.weight(name, 0)
         tensor = tensors[f"blk.0.{name}.weight"]
-        if fmt in ("Q4_0", "Q4_1"):
+        kinds.add(tensor.tensor_type.name)
+        if tensor.tensor_type.name in ("Q4_0", "Q4_1", "Q4_K"):
             assert isinstance(weight, Groups4)
-        elif fmt == "Q8_0":
+            assert weight.d.dtype == (torch.float32 if tensor.tensor_type.name == "Q4_K" else torch.float16)
+        elif tensor.tensor_type.name == "Q8_0":
             assert isinstance(weight, Groups8)
+        else:
+            assert isinstance(weight, torch.Tensor)
         expected = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type)).float()
-        if name != "ffn_up":  # llama.cpp's converter interleaved each head's rotary halves: undone
+        if name in ("attn_q", "attn_k"):  # llama.cpp's converter interleaved each head's rotary halves: undone
             heads = 4 if name == "attn_q" else 2
             rows = expected.shape[0]
             expected = expected.view(heads, rows // heads // 2, 2, -1).transpose(1, 2).reshape(rows, -1)
         assert torch.equal(as_float(weight).float(), expected), name
+    assert fmt in kinds or fmt == "Q4_K_M" and "Q4_K" in kinds  # the format under test was read
 
 
 def _next_token_logprobs(model, tokens: list[int]) -> torch.Tensor:
@@ -122,3 +128,26 @@ def test_a_tied_table_is_held_once_and_its_lookups_are_the_files_rows(files, dty
     ids = torch.tensor([0, 1, 15, 16, 17, 4095, 49151])
     assert model.embedding.weight == model.head.rows  # the head's rows, not a table of its own
     assert torch.equal(model.embedding(ids).float(), table[ids])
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K_M"])
+def test_decode_layers_of_mixed_product_kinds_equal_the_per_operation_loop_bit_for_bit(files, fmt):
+    """8-bit, K-quant 4-bit (float32 coefficients) and float32 products in the one C call of a decode
+    forward, as a Q8_0 or Q4_K_M file mixes them, compute what the per-operation loop does."""
+    from specdecode.models.native.kernels import PRODUCTS
+
+    native = load_native(files[fmt], dtype="w4a8", max_positions=64)
+    fused = native.layer_pointers
+    assert fused is not None
+    expected = {"Q8_0": {PRODUCTS["q8q8"]}, "Q4_K_M": {PRODUCTS["q4wq8"], PRODUCTS["f32"]}}[fmt]
+    assert expected <= set(fused[1].flatten().tolist())
+    prefix, tokens = torch.tensor([list(range(2000, 2030))]), torch.tensor([[7, 70, 700, 7000]])
+    results = []
+    for pointers in (fused, None):
+        native.layer_pointers, cache = pointers, native.new_cache()
+        try:
+            native.forward(prefix, cache, num_logits=1, prefill=False)
+            results.append((native.forward(tokens, cache), cache.k[:, :, :34].clone()))
+        finally:
+            native.layer_pointers = fused
+    assert all(torch.equal(a, b) for a, b in zip(*results))

@@ -12,7 +12,7 @@ BLAS float32 product sums in an order that depends on the row count, so float32 
 `f32_matmul`. The C kernels (`csrc/`, their interface in `csrc/kernels.h`) do each in one call, a
 row at a time in a fixed order; `plan.py` decides which build of them runs (AVX-512, AVX2,
 portable) and builds it once per machine. With 4-bit products and float32 activations (the AVX2
-and portable paths) a decode forward's layers run in one call, `layers_q4f`, the same kernels in
+and portable paths) a decode forward's layers run in one call, `decode_layers`, the same kernels in
 the same order, which saves the ~9 calls and output tensors a layer costs from Python. It takes
 the rows of several requests at once (ragged `Segment`s, each with its own cache): the products
 read the weights once for all of them. `TorchKernels` is the same interface in PyTorch ops, used
@@ -110,7 +110,8 @@ class CKernels(TorchKernels):
             getattr(lib, f"{op}_{suffix}") for op in ("rms_norm", "rope_store", "attend", "silu_mul"))
         self._q8_matmul, self._q4_matmul, self._q4f_matmul = lib.q8_matmul, lib.q4_matmul, lib.q4f_matmul
         self._q4q8_matmul, self._q8q8_matmul = lib.q4q8_matmul, lib.q8q8_matmul
-        self._f32_matmul, self._layers_q4f = lib.f32_matmul, lib.layers_q4f
+        self._f32_matmul, self._decode_layers = lib.f32_matmul, lib.decode_layers
+        self._q4wq8_matmul = lib.q4wq8_matmul
         self.dtype, self.scale = dtype, head_dim ** -0.5
         # 4-bit products: bf16 activations through AVX512-BF16's dot product (q4), float32 ones on any build (q4f)
         self.q4 = dtype == torch.bfloat16 and bool(lib.q4_available())
@@ -185,6 +186,10 @@ class CKernels(TorchKernels):
         q [out / 16, in / 32, 16, 16] uint8, coef [out / 16, in / 32, 2, 16] float16 (d, m) -> [T, out] float32."""
         return self._grouped(self._q4f_matmul, x, q, coef, "4-bit product")
 
+    def q4wq8_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+        """q4q8_matmul with float32 coefficients: coef [out / 16, in / 32, 2, 16] float32 (d, m)."""
+        return self._grouped(self._q4wq8_matmul, x, q, coef, "4-bit product")
+
     def q4q8_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
         """x [T, in] float32, quantised to 8 bits per group of 32 inside, @ W^T for W in Q4_1 groups laid
         out as the C kernels' q4q8_matmul takes them: q [out / 16, in / 32, 8, 32] uint8, coef as q4f's."""
@@ -208,14 +213,14 @@ class CKernels(TorchKernels):
         self._f32_matmul(x.data_ptr(), w.data_ptr(), y.data_ptr(), T, K, blocks * 16, self.threads)
         return y
 
-    def layers_q4f(self, x: torch.Tensor, weights: torch.Tensor, segments: Sequence[Segment], cos: torch.Tensor,
-                   sin: torch.Tensor, hidden: int, eps: float, int8_activations: bool) -> torch.Tensor:
-        """Every layer of a decode forward in one call (4-bit products, float32 residual stream, the
-        products' inputs quantised to 8 bits where `int8_activations`): x [T, D] float32, the rows of
-        `segments` in turn (one request each, with its own cache; one segment for a single forward),
-        updated in place and returned; weights [layers, 10] int64, the pointers the C kernels'
-        layers_q4f names; cos/sin [T, hd] of the rows' positions. The products run once over all T
-        rows, RoPE and the cache writes and the attention per segment over its own cache."""
+    def decode_layers(self, x: torch.Tensor, weights: torch.Tensor, kinds: torch.Tensor, segments: Sequence[Segment],
+                      cos: torch.Tensor, sin: torch.Tensor, hidden: int, eps: float) -> torch.Tensor:
+        """Every layer of a decode forward in one call (float32 residual stream; each product of its
+        kind, `PRODUCTS`): x [T, D] float32, the rows of `segments` in turn (one request each, with
+        its own cache; one segment for a single forward), updated in place and returned; weights
+        [layers, 10] int64, the pointers the C kernels' decode_layers names; kinds [layers, 4] int32;
+        cos/sin [T, hd] of the rows' positions. The products run once over all T rows, RoPE and the
+        cache writes and the attention per segment over its own cache."""
         T, D = x.shape
         if sum(s.rows for s in segments) != T:
             raise ValueError(f"the segments hold {sum(s.rows for s in segments)} rows, x {T}")
@@ -224,16 +229,21 @@ class CKernels(TorchKernels):
         for s in segments:
             assert s.k.dtype == s.v.dtype == torch.float32 and s.k.is_contiguous() and s.v.is_contiguous()
             assert s.k.shape == s.v.shape and s.first + s.rows <= s.k.shape[2]
+        assert kinds.dtype == torch.int32 and kinds.shape == (weights.shape[0], 4)
         cos, sin = cos.contiguous(), sin.contiguous()
-        if self._layers_q4f(x.data_ptr(), T, weights.data_ptr(), weights.shape[0], table.data_ptr(), len(segments),
-                            cos.data_ptr(), sin.data_ptr(), D, self.heads, self.kv_heads, self.head_dim, hidden, eps,
-                            self.scale, int(int8_activations), self.threads):
+        if self._decode_layers(x.data_ptr(), T, weights.data_ptr(), kinds.data_ptr(), weights.shape[0],
+                               table.data_ptr(), len(segments), cos.data_ptr(), sin.data_ptr(), D, self.heads,
+                               self.kv_heads, self.head_dim, hidden, eps, self.scale, self.threads):
             raise MemoryError("decode layers: no memory for the activations")
         return x
 
 
+# decode_layers' product kinds (csrc/kernels.h's PRODUCT_ enum), by the Python products' `kind`
+PRODUCTS = {"q4f": 0, "q4q8": 1, "q4wq8": 2, "q8": 3, "q8q8": 4, "f32": 5}
+
+
 class Segment(NamedTuple):
-    """One request's rows in a ragged forward (see `CKernels.layers_q4f`): `rows` consecutive rows,
+    """One request's rows in a ragged forward (see `CKernels.decode_layers`): `rows` consecutive rows,
     written into the cache `k`, `v` ([layers, Hkv, P, hd], P its own capacity) at slots first..; a
     chain, or a draft tree given `parents` (int32 [rows], see `attend`)."""
 

@@ -146,6 +146,9 @@ class Int4Linear:
         N, K = groups.q.shape
         if K % cls.GROUP or N % 16:  # the kernels take outputs 16 at a time
             return None
+        wide = groups.d.dtype == torch.float32  # K-quant coefficients: only q4wq8 takes them exactly
+        if wide and not (int8_activations and getattr(kernels, "q4q8", False)):
+            return None
         q = groups.q.view(N, K // cls.GROUP, cls.GROUP)
         scale, low = groups.d.float()[..., None], groups.m.float()[..., None]  # [N, K/G, 1]
         # q4f's and q4q8's d, m: float16 [N/16, K/G, 2, 16], as the file holds them (half the bytes of a, b)
@@ -158,6 +161,9 @@ class Int4Linear:
             # byte 4o + j = q[o, 4c + j] | q[o + 8, 4c + j] << 4 (o < 8)
             t = q.view(N // 16, 2, 8, K // cls.GROUP, 8, 4).permute(0, 3, 4, 2, 5, 1)  # [blocks, group, c, o, j, half]
             packed = (t[..., 0] | t[..., 1] << 4).reshape(N // 16, K // cls.GROUP, 8, 32).contiguous()
+            if wide:  # q4wq8_matmul: d, m float32 [N/16, K/G, 2, 16]
+                coef = torch.cat([scale, low], dim=-1).view(N // 16, 16, K // cls.GROUP, 2).permute(0, 2, 3, 1)
+                return cls(packed, coef.contiguous(), N, kernels, kind="q4wq8")
             return cls(packed, halves(), N, kernels, kind="q4q8")
         if getattr(kernels, "q4f", False) and dtype == torch.float32:
             # q4f_matmul's layout: per 16 outputs and group, byte [i][o] = q[o, i] | q[o, i + 16] << 4

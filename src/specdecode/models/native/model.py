@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from ..base import ForwardCall, Vocabulary, eos_ids
 from .cache import NativeCache
 from . import threads
-from .kernels import CKernels, Segment, make_kernels
-from .linear import Int4Linear, Linear, Q8Linear, bf16_supported, dense
+from .kernels import PRODUCTS, CKernels, Segment, make_kernels
+from .linear import F32Linear, Int4Linear, Linear, Q8Linear, bf16_supported, dense
 from .plan import cpu_flags, kernel_plan
 from .source import DirectorySource, Embedding, GGUFSource, Groups4, Groups8, Weight, as_float, concat, open_source
 
@@ -153,21 +153,28 @@ class NativeLlama:
             return "w4a8" if lib is not None and lib.q4q8_vector() else "int4"
         return dtype if dtype in NativeLlama.QUANTISED else None
 
-    def _layer_pointers(self) -> torch.Tensor | None:
-        """The layers' weights as the C kernels' layers_q4f takes them ([layers, 10] int64 addresses of
-        tensors this model holds), where every product is 4-bit with float32 activations (q4f) or 8-bit
-        ones (q4q8), all alike; else None."""
+    def _layer_pointers(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The layers' weights as the C kernels' decode_layers takes them: ([layers, 10] int64
+        addresses of tensors this model holds, [layers, 4] int32 product kinds), where every product
+        is one the C layers run (`kernels.PRODUCTS`) with float32 activations; else None."""
         if not isinstance(self.kernels, CKernels) or self.compute_dtype != torch.float32:
             return None
-        rows = []
+        pointers, kinds = [], []
         for b in self.blocks:
             linears = [b[n] for n in ("qkv", "o", "gate_up", "down")]
-            kind = "q4q8" if self.dtype == "w4a8" else "q4f"
-            if not all(isinstance(m, Int4Linear) and m.kind == kind for m in linears):
-                return None
-            rows.append([b["attn_norm"].data_ptr(), b["mlp_norm"].data_ptr()]
-                        + [t.data_ptr() for m in linears for t in (m.packed, m.coef)])
-        return torch.tensor(rows, dtype=torch.int64)
+            layer = [b["attn_norm"].data_ptr(), b["mlp_norm"].data_ptr()]
+            for m in linears:
+                if isinstance(m, Int4Linear) and m.kind in PRODUCTS:
+                    layer += [m.packed.data_ptr(), m.coef.data_ptr()]
+                elif isinstance(m, Q8Linear):
+                    layer += [m.q.data_ptr(), m.scales.data_ptr()]
+                elif isinstance(m, F32Linear):
+                    layer += [m.w.data_ptr(), 0]
+                else:
+                    return None
+                kinds.append(PRODUCTS["f32" if isinstance(m, F32Linear) else m.kind])
+            pointers.append(layer)
+        return torch.tensor(pointers, dtype=torch.int64), torch.tensor(kinds, dtype=torch.int32).view(-1, 4)
 
     @staticmethod
     def _block_products(source, i: int) -> dict[str, Weight]:
@@ -190,22 +197,22 @@ class NativeLlama:
             return Int4Linear.from_groups(weight, self.compute_dtype, self.kernels, int8_activations=int8)
         return Int4Linear.quantize(weight, self.compute_dtype, self.kernels, int8_activations=int8)
 
-    def _grouped(self, products: list[dict[str, Weight]], dtype: str,
-                 strict: bool) -> list[dict[str, Int4Linear | Q8Linear]] | None:
-        """Every block product on its own groups (`dtype` int4 or w4a8), or None (an error if `strict`)
-        if one has none the kernels take."""
-        linears = []
-        for i, b in enumerate(products):
-            layer = {n: self._group_product(m, dtype) for n, m in b.items()}
-            missing = [n for n, linear in layer.items() if linear is None]
-            if missing and strict:
-                raise ValueError(f"--dtype {dtype} runs a model on its own quantised weights, and layer {i}'s "
-                                 f"{missing[0]} product of {self.name} is not 4-bit groups of {Int4Linear.GROUP} "
-                                 f"(as a GGUF Q4_0 or Q4_1 file's are) nor, with w4a8, Q8_0 blocks: use --dtype "
-                                 f"bfloat16 or auto")
-            if missing:
-                return None
-            linears.append(layer)
+    def _grouped(self, products: list[dict[str, Weight]], dtype: str, strict: bool) -> list[dict] | None:
+        """Every block product on its own groups (`dtype` int4 or w4a8) where the kernels take them; a
+        product they do not (a K-quant other than Q4_K, Q5_0, ...: dequantised by the source) runs
+        in float in the compute dtype. None where no product has groups (the model is a float one),
+        an error then if `strict`."""
+        linears = [{n: self._group_product(m, dtype) for n, m in b.items()} for b in products]
+        if all(linear is None for layer in linears for linear in layer.values()):
+            if strict:
+                raise ValueError(f"--dtype {dtype} runs a model on its own quantised weights, and {self.name} has "
+                                 f"no products in 4-bit groups of {Int4Linear.GROUP} (a GGUF Q4_0, Q4_1 or, with "
+                                 f"w4a8, Q4_K or Q8_0 file's): use --dtype auto")
+            return None
+        for layer, b in zip(linears, products):
+            for n, linear in layer.items():
+                if linear is None:
+                    layer[n] = dense(as_float(b[n]), self.compute_dtype, self.kernels)
         return linears
 
     def new_cache(self, positions: int | None = None) -> NativeCache:
@@ -344,10 +351,9 @@ class NativeLlama:
         x = self.embedding(ids)  # [T, D]
         if not prefill and self.layer_pointers is not None:  # the loop below in one C call
             hidden = self.blocks[0]["gate_up"].out_features // 2
-            x = self.kernels.layers_q4f(
-                x, self.layer_pointers, [Segment(s.rows, s.cache.k, s.cache.v, s.cache.length, s.parents)
-                                         for s in segments], cos, sin, hidden, self.eps,
-                int8_activations=self.dtype == "w4a8")
+            x = self.kernels.decode_layers(
+                x, *self.layer_pointers, [Segment(s.rows, s.cache.k, s.cache.v, s.cache.length, s.parents)
+                                          for s in segments], cos, sin, hidden, self.eps)
         else:
             with threads.lent_to_torch(self.n_threads) if self.owns_cores else nullcontext():
                 x = self._layer_loop(x, segments, cos, sin, prefill)

@@ -4,7 +4,7 @@ no dequantisation on the way, no converted copy on disk).
 
 Both give the model the same things under llama.cpp's tensor names (`attn_q`, `ffn_down`,
 `token_embd`, ...): a `Hyper` of the architecture's sizes, and each weight as float, 4-bit groups
-(`Groups4`: Q4_0 and Q4_1 blocks) or 8-bit groups (`Groups8`: Q8_0 blocks). A GGUF type the kernels
+(`Groups4`: Q4_0, Q4_1 and Q4_K blocks) or 8-bit groups (`Groups8`: Q8_0 blocks). A GGUF type the kernels
 have no product for is dequantised by the `gguf` package (exact: the file's own values), so every
 file runs, those tensors as float.
 """
@@ -27,11 +27,12 @@ ARCHITECTURES = {"llama": "llama", "mistral": "llama"}
 
 
 class Groups4(NamedTuple):
-    """w = d q + m per group of 32 inputs, q in 0..15 (Q4_1; Q4_0 is m = -8 d, exact in float16)."""
+    """w = d q + m per group of 32 inputs, q in 0..15 (Q4_1; Q4_0 is m = -8 d, exact in float16; Q4_K
+    is d = d_block sc and m = -dmin_block m_group, exact in float32)."""
 
     q: torch.Tensor  # [N, K] uint8
-    d: torch.Tensor  # [N, K / 32] float16
-    m: torch.Tensor  # [N, K / 32] float16
+    d: torch.Tensor  # [N, K / 32] float16, or float32 (Q4_K)
+    m: torch.Tensor  # [N, K / 32] the same dtype
 
     def dense(self) -> torch.Tensor:  # [N, K] float32
         N, K = self.q.shape
@@ -243,7 +244,7 @@ class GGUFHeader:
 
 
 class GGUFSource:
-    """A GGUF file, its tensors read over a memory map (`GGUFHeader`). Q4_0, Q4_1 and Q8_0 blocks
+    """A GGUF file, its tensors read over a memory map (`GGUFHeader`). Q4_0, Q4_1, Q4_K and Q8_0 blocks
     become groups as they are; F32, F16 and BF16 tensors float; any other type is dequantised."""
 
     def __init__(self, path: str | os.PathLike) -> None:
@@ -329,7 +330,29 @@ def _read(tensor) -> Weight:
         m = (torch.from_numpy(np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0]) if kind == T.Q4_1
              else d * -8)  # Q4_0: w = d (q - 8), the float16 product exact
         return Groups4(q, d, m)
+    if kind == T.Q4_K:
+        return _q4_k(data.reshape(N, -1, 144))
     return torch.from_numpy(dequantize(data, kind))  # [N, K] float32
+
+
+def _q4_k(blocks: np.ndarray) -> Groups4:
+    """Q4_K super-blocks [N, K / 256, 144 bytes] as 4-bit groups of 32: each block holds d and dmin
+    (float16), eight 6-bit scales and mins packed in 12 bytes, and 128 bytes of nibbles (64 values a
+    32-byte run: its low nibbles, then its high ones); w = d sc q - dmin m (llama.cpp's
+    dequantize_row_q4_K)."""
+    N, B = blocks.shape[:2]
+    d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16)[..., 0].astype(np.float32)  # [N, B]
+    dmin = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
+    packed = blocks[..., 4:16].astype(np.uint8)  # [N, B, 12]
+    sc, mn = np.empty((N, B, 8), np.float32), np.empty((N, B, 8), np.float32)
+    sc[..., :4], mn[..., :4] = packed[..., 0:4] & 63, packed[..., 4:8] & 63
+    sc[..., 4:] = (packed[..., 8:12] & 15) | ((packed[..., 0:4] >> 6) << 4)
+    mn[..., 4:] = (packed[..., 8:12] >> 4) | ((packed[..., 4:8] >> 6) << 4)
+    qs = torch.from_numpy(np.ascontiguousarray(blocks[..., 16:])).view(N, B, 4, 1, 32)
+    q = torch.cat([qs & 15, qs >> 4], dim=3).reshape(N, B * 256)
+    scale = torch.from_numpy(d[..., None] * sc).view(N, B * 8)  # exact: an 11-bit by a 6-bit integer
+    low = torch.from_numpy(-(dmin[..., None] * mn)).view(N, B * 8)
+    return Groups4(q, scale, low)
 
 
 def gguf_architecture(path: str | os.PathLike) -> str | None:

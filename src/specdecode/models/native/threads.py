@@ -1,6 +1,6 @@
 """Who gets the cores during a decode step: the C kernels' thread pool, not PyTorch's.
 
-A decode step where the C kernels run every layer (`layers_q4f`) and the LM head leaves PyTorch
+A decode step where the C kernels run every layer (`decode_layers`) and the LM head leaves PyTorch
 only small ops, and a few over the whole vocabulary (the argmax, the sampling). Those go parallel
 on PyTorch's OpenMP team, whose workers then spin on the cores the kernels' own pool needs next
 (`benchmarks/results/thread_placement.md`). So such a model, once loaded, runs PyTorch's ops on one

@@ -145,6 +145,7 @@ INTERNAL void f32_blocks(void *ctx, int nb);
 INTERNAL void q8_blocks(void *ctx, int nb);
 INTERNAL void q4f_blocks(void *ctx, int nb); /* extra: the rows' group sums */
 INTERNAL void q4q8_blocks(void *ctx, int nb); /* extra: the rows' 8-bit activations (q8_rows_t) */
+INTERNAL void q4wq8_blocks(void *ctx, int nb); /* the same, float32 coefficients */
 INTERNAL void q8q8_blocks(void *ctx, int nb); /* the same */
 
 /* CALL(r0, R) over rows 0.. in groups of at most MAX (1, 4 or 8), R a constant in each call, so that
@@ -161,16 +162,25 @@ INTERNAL void q8q8_blocks(void *ctx, int nb); /* the same */
     case 8: CALL(r0, 8); break; case 7: CALL(r0, 7); break; case 6: CALL(r0, 6); break;          \
     case 5: CALL(r0, 5); break; ROW_GROUP_CASES_4(CALL)
 
-/* q4q8_blocks and q8q8_blocks over the file's q4q8_rows and q8q8_rows, rows in groups of at most
- * MAX_ROWS (1, 4 or 8: what the row kernel takes at once). */
-#define Q4Q8_CALL(r0, R) q4q8_rows(p->extra, qb, cb, p->y, in, out, nb, r0, R)
+/* q4q8_blocks (float16 coefficients), q4wq8_blocks (float32 ones) and q8q8_blocks over the file's
+ * q4q8_rows and q8q8_rows, rows in groups of at most MAX_ROWS (1, 4 or 8: what the row kernel takes
+ * at once). q4q8_rows(..., WIDE) reads the coefficients as float32 where WIDE, else float16. */
+#define Q4Q8_CALL(r0, R) q4q8_rows(p->extra, qb, cb, p->y, in, out, nb, r0, R, 0)
+#define Q4WQ8_CALL(r0, R) q4q8_rows(p->extra, qb, cb, p->y, in, out, nb, r0, R, 1)
 #define DEFINE_Q4Q8_BLOCKS(MAX_ROWS)                                                             \
     INTERNAL void q4q8_blocks(void *ctx, int nb) {                                               \
         const product_t *p = ctx;                                                                \
         const int in = p->in, out = p->out;                                                      \
         const uint8_t *qb = (const uint8_t *)p->q + (long)nb * in * 8;                           \
-        const uint16_t *cb = (const uint16_t *)p->coef + (long)nb * (in / 32) * 32;              \
+        const void *cb = (const uint16_t *)p->coef + (long)nb * (in / 32) * 32;                  \
         FOR_ROW_GROUPS(MAX_ROWS, p->rows, Q4Q8_CALL)                                             \
+    }                                                                                            \
+    INTERNAL void q4wq8_blocks(void *ctx, int nb) {                                              \
+        const product_t *p = ctx;                                                                \
+        const int in = p->in, out = p->out;                                                      \
+        const uint8_t *qb = (const uint8_t *)p->q + (long)nb * in * 8;                           \
+        const void *cb = (const float *)p->coef + (long)nb * (in / 32) * 32;                     \
+        FOR_ROW_GROUPS(MAX_ROWS, p->rows, Q4WQ8_CALL)                                            \
     }
 
 #define Q8Q8_CALL(r0, R) q8q8_rows(a, qb, sb, y, in, out, nb, r0, R)

@@ -19,7 +19,7 @@
  *   matmul_avx2.c      AVX2 + FMA product kernels (AVX-512 builds run those it has no better one of)
  *   matmul_avx512.c    AVX512-VNNI integer products; q4_matmul on AVX512-BF16
  *   matmul_neon.c      aarch64 integer products on sdot
- *   layers.c           layers_q4f: a decode forward's layers in one call
+ *   layers.c           decode_layers: a decode forward's layers in one call
  */
 #ifndef SPECDECODE_KERNELS_H
 #define SPECDECODE_KERNELS_H
@@ -83,6 +83,9 @@ int q4f_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y,
 /* Q4_1 W with x quantised to 8 bits per 32 inputs: q [out / 16][in / 32][8][32] bytes, coef as q4f's */
 int q4q8_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y, int rows, int in, int out,
                 int threads);
+/* q4q8 with float32 coefficients (Q4_K's d sc and -dmin m): coef [out / 16][in / 32][2][16] float32 */
+int q4wq8_matmul(const float *x, const uint8_t *q, const float *coef, float *y, int rows, int in, int out,
+                 int threads);
 /* Q8_0 W with x quantised to 8 bits: q [out / 16][in / 32][8][16][4] uint8 (q + 128), scales as q8's */
 int q8q8_matmul(const float *x, const uint8_t *q, const float *scales, float *y, int rows, int in, int out,
                 int threads);
@@ -92,11 +95,15 @@ int q4_matmul(const uint16_t *x, const uint8_t *q, const float *coef, uint16_t *
 
 /* ---- a decode forward (layers.c) --------------------------------------------------------------- */
 
-/* Every layer of a decode forward with 4-bit products (q4q8 where int8_activations, else q4f):
- * x [rows, dim] float32 updated in place; weights [layers][10] pointers, segments [count][6] int64
- * (the enums in layers.c); cos, sin [rows, head_dim]. Returns nonzero when out of memory. */
-int layers_q4f(float *x, int rows, const void *const *weights, int layers, const int64_t *segments, int count,
-               const float *cos, const float *sin, int dim, int heads, int kv_heads, int head_dim, int hidden,
-               float eps, float scale, int int8_activations, int threads);
+/* The products decode_layers runs, by kind: the entry points above */
+enum { PRODUCT_Q4F, PRODUCT_Q4Q8, PRODUCT_Q4WQ8, PRODUCT_Q8, PRODUCT_Q8Q8, PRODUCT_F32 };
+
+/* Every layer of a decode forward: x [rows, dim] float32 updated in place; weights [layers][10]
+ * pointers (norms, then each product's q and coef: the enums in layers.c), kinds [layers][4] the
+ * PRODUCT_ of q|k|v, o, gate|up and down; segments [count][6] int64 (layers.c); cos, sin [rows,
+ * head_dim]. Returns nonzero when out of memory (or given an unknown kind). */
+int decode_layers(float *x, int rows, const void *const *weights, const int32_t *kinds, int layers,
+                  const int64_t *segments, int count, const float *cos, const float *sin, int dim, int heads,
+                  int kv_heads, int head_dim, int hidden, float eps, float scale, int threads);
 
 #endif

@@ -1,8 +1,8 @@
-/* layers_q4f: a decode forward's layers in one call. */
+/* decode_layers: a decode forward's layers in one call. */
 #include "common.h"
 
-/* A decode forward's layers in one call, for the 4-bit products (q4f_matmul, or q4q8_matmul where
- * int8_activations) with a float32 residual stream: the same
+/* A decode forward's layers in one call, each product of the kind `kinds` gives it ([layers][4]:
+ * q|k|v, o, gate|up, down; the PRODUCT_ enum of kernels.h) with a float32 residual stream: the same
  * kernels in the same order as model.py's per-operation loop, so each position's result is
  * bit-identical to it; what it saves is the ~9 calls and output tensors a layer costs from Python.
  * The rows are ragged: `count` segments, each one request's rows with its own cache (a table of
@@ -35,11 +35,24 @@ static void attend_segments_item(void *ctx, int item) {
     attend_f32_item(&b->a[lo], item - b->start[lo]);
 }
 
-int layers_q4f(float *x, int rows, const void *const *weights, int layers, const int64_t *segments, int count,
-               const float *cos, const float *sin, int dim, int heads, int kv_heads, int head_dim, int hidden,
-               float eps, float scale, int int8_activations, int threads) {
-    int (*product)(const float *, const uint8_t *, const uint16_t *, float *, int, int, int, int) =
-        int8_activations ? q4q8_matmul : q4f_matmul;
+/* y = x W^T for a product of `kind` (weights q and coef in its layout); nonzero when out of memory
+ * or for an unknown kind */
+static int product(int kind, const float *x, const void *q, const void *coef, float *y, int rows, int in, int out,
+                   int threads) {
+    switch (kind) {
+    case PRODUCT_Q4F: return q4f_matmul(x, q, coef, y, rows, in, out, threads);
+    case PRODUCT_Q4Q8: return q4q8_matmul(x, q, coef, y, rows, in, out, threads);
+    case PRODUCT_Q4WQ8: return q4wq8_matmul(x, q, coef, y, rows, in, out, threads);
+    case PRODUCT_Q8: return q8_matmul(x, q, coef, y, rows, in, out, threads);
+    case PRODUCT_Q8Q8: return q8q8_matmul(x, q, coef, y, rows, in, out, threads);
+    case PRODUCT_F32: f32_matmul(x, q, y, rows, in, out, threads); return 0;
+    default: return 1;
+    }
+}
+
+int decode_layers(float *x, int rows, const void *const *weights, const int32_t *kinds, int layers,
+                  const int64_t *segments, int count, const float *cos, const float *sin, int dim, int heads,
+                  int kv_heads, int head_dim, int hidden, float eps, float scale, int threads) {
     const int width = (heads + 2 * kv_heads) * head_dim, attn_width = heads * head_dim;
     const long n = rows;
     float *h = malloc(sizeof(float) * n * (dim + width + 2 * attn_width + 3 * hidden + dim));
@@ -67,8 +80,9 @@ int layers_q4f(float *x, int rows, const void *const *weights, int layers, const
     int failed = 0;
     for (int l = 0; l < layers && !failed; l++) {
         const void *const *w = weights + (long)l * LAYER_POINTERS;
+        const int32_t *kind = kinds + (long)l * 4;
         rms_norm_f32(x, w[ATTN_NORM], h, rows, dim, eps);
-        failed |= product(h, w[QKV], w[QKV_COEF], qkv, rows, dim, width, threads);
+        failed |= product(kind[0], h, w[QKV], w[QKV_COEF], qkv, rows, dim, width, threads);
         for (int s = 0, r = 0; s < count; s++) {
             const int64_t *seg = segments + (long)s * SEGMENT_FIELDS;
             long kv_stride = att[s].kv_stride, layer_stride = kv_stride * kv_heads;
@@ -80,12 +94,12 @@ int layers_q4f(float *x, int rows, const void *const *weights, int layers, const
         }
         parallel_for(start[count], threads, attend_segments_item, &batch);
         for (int s = 0; s < count; s++) failed |= att[s].failed;
-        failed |= product(attn, w[O], w[O_COEF], y, rows, attn_width, dim, threads);
+        failed |= product(kind[1], attn, w[O], w[O_COEF], y, rows, attn_width, dim, threads);
         for (long i = 0; i < n * dim; i++) x[i] += y[i];
         rms_norm_f32(x, w[MLP_NORM], h, rows, dim, eps);
-        failed |= product(h, w[GATE_UP], w[GATE_UP_COEF], gate_up, rows, dim, 2 * hidden, threads);
+        failed |= product(kind[2], h, w[GATE_UP], w[GATE_UP_COEF], gate_up, rows, dim, 2 * hidden, threads);
         silu_mul_f32(gate_up, act, rows, hidden);
-        failed |= product(act, w[DOWN], w[DOWN_COEF], y, rows, hidden, dim, threads);
+        failed |= product(kind[3], act, w[DOWN], w[DOWN_COEF], y, rows, hidden, dim, threads);
         for (long i = 0; i < n * dim; i++) x[i] += y[i];
     }
     free(h), free(att), free(start);

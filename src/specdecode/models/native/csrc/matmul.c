@@ -149,6 +149,14 @@ int q4q8_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y
     return int8_activation_product(q4q8_blocks, x, q, coef, y, rows, in, out, threads);
 }
 
+/* q4q8_matmul with float32 coefficients, coef [out / 16][in / 32][2][16] float32 (d, m): the 4-bit
+ * groups whose scale and minimum are products of a super-block's and a group's own (the K-quants'
+ * Q4_K: d sc and -dmin m, exact in float32, not in float16). The same operations otherwise. */
+int q4wq8_matmul(const float *x, const uint8_t *q, const float *coef, float *y, int rows, int in, int out,
+                 int threads) {
+    return int8_activation_product(q4wq8_blocks, x, q, coef, y, rows, in, out, threads);
+}
+
 /* y = x W^T for an 8-bit weight in groups of 32 inputs, w = scale q (Q8_0, the embedded model's LM
  * head), with the activations quantised as for q4q8_matmul: a group contributes fma(scale dx, S, acc)
  * with S = sum_i q_i xq_i in exact integer arithmetic, the same bits on every path.

@@ -124,8 +124,9 @@ INTERNAL void q8_blocks(void *ctx, int nb) {
  * weights for all R rows; vpmaddubsw (u8 weight x s8 activation, pairs summed into int16) runs
  * the 8 chunks of a group in int16 (at most 16 products of 15 x 127: 30480, no overflow), and
  * vpmaddwd sums the pairs into one int32 per output. */
-static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const uint16_t *cb,
-                                                            float *y, int in, int out, int nb, int r0, const int R) {
+static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const void *cb,
+                                                            float *y, int in, int out, int nb, int r0, const int R,
+                                                            const int wide) {
     const int groups = in / 32;
     const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     __m256 acc[4][2];
@@ -147,8 +148,10 @@ static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, 
             }
         }
         for (int h = 0; h < 2; h++) {
-            __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(cb + g * 32 + 8 * h)));
-            __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(cb + g * 32 + 16 + 8 * h)));
+            __m256 d = wide ? _mm256_loadu_ps((const float *)cb + g * 32 + 8 * h)
+                            : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)cb + g * 32 + 8 * h)));
+            __m256 m = wide ? _mm256_loadu_ps((const float *)cb + g * 32 + 16 + 8 * h)
+                            : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)cb + g * 32 + 16 + 8 * h)));
             for (int r = 0; r < R; r++) {
                 const int at = (r0 + r) * groups + g;
                 __m256 S = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[r][h], ones));

@@ -12,8 +12,9 @@
  * are loaded into both halves of a vector, the high half shifted by 4, and one mask gives the 64
  * weights (16 outputs x 4 inputs); vpdpbusd adds each output's 4 products to its int32 lane, for
  * all R rows from one unpacking. */
-static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const uint16_t *cb,
-                                                            float *y, int in, int out, int nb, int r0, const int R) {
+static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const void *cb,
+                                                            float *y, int in, int out, int nb, int r0, const int R,
+                                                            const int wide) {
     const int groups = in / 32;
     const __m512i nibble = _mm512_set1_epi8(15);
     const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
@@ -33,8 +34,10 @@ static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, 
                 S[r] = _mm512_dpbusd_epi32(S[r], w, _mm512_set1_epi32(chunk));
             }
         }
-        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(cb + g * 32)));
-        __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(cb + g * 32 + 16)));
+        __m512 d = wide ? _mm512_loadu_ps((const float *)cb + g * 32)
+                        : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)cb + g * 32)));
+        __m512 m = wide ? _mm512_loadu_ps((const float *)cb + g * 32 + 16)
+                        : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)cb + g * 32 + 16)));
         for (int r = 0; r < R; r++) {
             const int at = (r0 + r) * groups + g;
             acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(a->d[at])), _mm512_cvtepi32_ps(S[r]),

@@ -194,8 +194,8 @@ INTERNAL void q4f_blocks(void *ctx, int nb) {
 /* ---- 8-bit activations: q4q8, q8q8 in plain C (exact, slow) ----------------------------------- */
 
 #if INT8_PRODUCTS_GENERIC
-static void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const uint16_t *cb, float *y, int in, int out, int nb,
-                      int r0, const int R) {
+static void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const void *cb, float *y, int in, int out, int nb,
+                      int r0, const int R, const int wide) {
     const int groups = in / 32;
     for (int r = r0; r < r0 + R; r++) {
         float acc[16] = {0};
@@ -211,9 +211,12 @@ static void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const uint16_t *cb,
                         S[o + 8] += (byte >> 4) * xi;
                     }
             const float dx = a->d[r * groups + g], sx = a->s[r * groups + g];
-            for (int o = 0; o < 16; o++)
-                acc[o] = fmaf(half_to_float(cb[g * 32 + o]) * dx, (float)S[o],
-                              fmaf(half_to_float(cb[g * 32 + 16 + o]), sx, acc[o]));
+            for (int o = 0; o < 16; o++) {
+                const float d = wide ? ((const float *)cb)[g * 32 + o] : half_to_float(((const uint16_t *)cb)[g * 32 + o]);
+                const float m = wide ? ((const float *)cb)[g * 32 + 16 + o]
+                                     : half_to_float(((const uint16_t *)cb)[g * 32 + 16 + o]);
+                acc[o] = fmaf(d * dx, (float)S[o], fmaf(m, sx, acc[o]));
+            }
         }
         memcpy(y + (long)r * out + (long)nb * 16, acc, sizeof acc);
     }

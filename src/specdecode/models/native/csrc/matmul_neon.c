@@ -9,8 +9,9 @@ static inline float32x4_t load_half4(const uint16_t *p) { return vcvt_f32_f16(vr
 /* R rows (1-4) of one 16-output block with NEON sdot: a chunk's 32 bytes unpack to four vectors of
  * 4 outputs x 4 inputs (weights 0..15 read as signed), and vdotq_s32 adds each output's 4 products
  * to its int32 lane. */
-static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const uint16_t *cb,
-                                                            float *y, int in, int out, int nb, int r0, const int R) {
+static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const void *cb,
+                                                            float *y, int in, int out, int nb, int r0, const int R,
+                                                            const int wide) {
     const int groups = in / 32;
     const uint8x16_t nibble = vdupq_n_u8(15);
     float32x4_t acc[4][4];
@@ -35,7 +36,10 @@ static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, 
             }
         }
         for (int k = 0; k < 4; k++) { /* outputs 4k..4k+3 */
-            float32x4_t d = load_half4(cb + g * 32 + 4 * k), m = load_half4(cb + g * 32 + 16 + 4 * k);
+            float32x4_t d = wide ? vld1q_f32((const float *)cb + g * 32 + 4 * k)
+                                 : load_half4((const uint16_t *)cb + g * 32 + 4 * k);
+            float32x4_t m = wide ? vld1q_f32((const float *)cb + g * 32 + 16 + 4 * k)
+                                 : load_half4((const uint16_t *)cb + g * 32 + 16 + 4 * k);
             for (int r = 0; r < R; r++) {
                 const int at = (r0 + r) * groups + g;
                 float32x4_t inner = vfmaq_f32(acc[r][k], m, vdupq_n_f32(a->s[at]));
