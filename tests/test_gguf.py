@@ -63,7 +63,8 @@ def _next_token_logprobs(model, tokens: list[int]) -> torch.Tensor:
     return torch.log_softmax(logits.double(), dim=-1)
 
 
-@pytest.mark.parametrize("fmt", ["Q4_0", "Q4_1", "Q8_0", "Q4_K_M", "F16"])
+@pytest.mark.parametrize("fmt", ["Q4_0", *(pytest.param(f, marks=pytest.mark.slow) for f in ("Q4_1", "Q8_0", "Q4_K_M",
+                                                                                            "F16"))])
 def test_native_next_token_distributions_match_llama_cpp_on_the_same_file(files, fmt):
     """KL(llama.cpp || native) per position and argmax agreement over a 40-token sequence.
 
@@ -130,6 +131,7 @@ def test_a_tied_table_is_held_once_and_its_lookups_are_the_files_rows(files, dty
     assert torch.equal(model.embedding(ids).float(), table[ids])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K_M"])
 def test_decode_layers_of_mixed_product_kinds_equal_the_per_operation_loop_bit_for_bit(files, fmt):
     """8-bit, K-quant 4-bit (float32 coefficients) and float32 products in the one C call of a decode
