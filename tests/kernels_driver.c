@@ -66,6 +66,7 @@ static void run_q4q8(const float *x, float *y, int rows) { q4q8_matmul(x, q4, co
 static void run_q8q8(const float *x, float *y, int rows) { q8q8_matmul(x, q8, scales, y, rows, IN, OUT, threads); }
 static const float *wide_coef;
 static void run_q4wq8(const float *x, float *y, int rows) { q4wq8_matmul(x, q4, wide_coef, y, rows, IN, OUT, threads); }
+static void run_q6q8(const float *x, float *y, int rows) { q6q8_matmul(x, q8, wide_coef, y, rows, IN, OUT, threads); }
 static void run_q4f(const float *x, float *y, int rows) { q4f_matmul(x, q4, coef, y, rows, IN, OUT, threads); }
 static void run_q8(const float *x, float *y, int rows) {
     q8_matmul(x, (const int8_t *)q8, scales, y, rows, IN, OUT, threads);
@@ -90,6 +91,7 @@ int main(int argc, char **argv) {
     check_product("q4q8_matmul", run_q4q8, x, IN, OUT);
     check_product("q8q8_matmul", run_q8q8, x, IN, OUT);
     check_product("q4wq8_matmul", run_q4wq8, x, IN, OUT);
+    check_product("q6q8_matmul", run_q6q8, x, IN, OUT); /* wide_coef holds in / 16 scales an output block */
     check_product("q4f_matmul", run_q4f, x, IN, OUT);
     check_product("q8_matmul", run_q8, x, IN, OUT);
     check_product("f32_matmul", run_f32, x, IN, OUT);

@@ -2,7 +2,7 @@
 
 import torch
 
-from specdecode.models.native.source import Groups4
+from specdecode.models.native.source import Groups4, Groups8
 
 
 def q4_grid(out_features, in_features, gen):
@@ -25,3 +25,13 @@ def q4k_groups(out_features, in_features, gen):
     mn = torch.randint(0, 64, (out_features, blocks, 8), generator=gen).float()
     q = torch.randint(0, 16, (out_features, in_features), generator=gen).to(torch.uint8)
     return Groups4(q, (d * sc).view(out_features, -1), (-dmin * mn).view(out_features, -1))
+
+
+def q6k_groups(out_features, in_features, gen):
+    """8-bit groups made the way a Q6_K file holds them: per 256 inputs a float16 d, per 16 an int8
+    scale sc, values q - 32 in -32..31: w = (d sc) (q - 32), the scales exact in float32."""
+    blocks = in_features // 256
+    d = (torch.rand(out_features, blocks, 1, generator=gen) * 1e-3 + 1e-4).half().float()
+    sc = torch.randint(-128, 128, (out_features, blocks, 16), generator=gen).float()
+    q = torch.randint(-32, 32, (out_features, in_features), generator=gen).to(torch.int8)
+    return Groups8(q, (d * sc).view(out_features, -1))

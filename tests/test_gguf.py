@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ggufs import FORMATS, quantize, write_llama
+from specdecode.bench.random_model import FORMATS, quantize, write_llama
 
 pytest.importorskip("llama_cpp")
 
@@ -44,7 +44,7 @@ def test_a_tensor_read_directly_holds_the_files_own_values(files, fmt):
         if tensor.tensor_type.name in ("Q4_0", "Q4_1", "Q4_K"):
             assert isinstance(weight, Groups4)
             assert weight.d.dtype == (torch.float32 if tensor.tensor_type.name == "Q4_K" else torch.float16)
-        elif tensor.tensor_type.name == "Q8_0":
+        elif tensor.tensor_type.name in ("Q8_0", "Q5_0", "Q6_K"):
             assert isinstance(weight, Groups8)
         else:
             assert isinstance(weight, torch.Tensor)
@@ -134,14 +134,14 @@ def test_a_tied_table_is_held_once_and_its_lookups_are_the_files_rows(files, dty
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K_M"])
 def test_decode_layers_of_mixed_product_kinds_equal_the_per_operation_loop_bit_for_bit(files, fmt):
-    """8-bit, K-quant 4-bit (float32 coefficients) and float32 products in the one C call of a decode
+    """8-bit, K-quant 4-bit (float32 coefficients) and 6-bit products in the one C call of a decode
     forward, as a Q8_0 or Q4_K_M file mixes them, compute what the per-operation loop does."""
     from specdecode.models.native.kernels import PRODUCTS
 
     native = load_native(files[fmt], dtype="w4a8", max_positions=64)
     fused = native.layer_pointers
     assert fused is not None
-    expected = {"Q8_0": {PRODUCTS["q8q8"]}, "Q4_K_M": {PRODUCTS["q4wq8"], PRODUCTS["f32"]}}[fmt]
+    expected = {"Q8_0": {PRODUCTS["q8q8"]}, "Q4_K_M": {PRODUCTS["q4wq8"], PRODUCTS["q6q8"]}}[fmt]
     assert expected <= set(fused[1].flatten().tolist())
     prefix, tokens = torch.tensor([list(range(2000, 2030))]), torch.tensor([[7, 70, 700, 7000]])
     results = []
@@ -153,3 +153,15 @@ def test_decode_layers_of_mixed_product_kinds_equal_the_per_operation_loop_bit_f
         finally:
             native.layer_pointers = fused
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_groups_of_32_and_of_16_stack_into_one_product_exactly():
+    """q|k|v of a Q4_K_M file may stack Q5_0 or Q8_0 rows (a scale a 32 inputs) on Q6_K ones (a 16)."""
+    from specdecode.models.native.source import concat
+
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randint(-32, 32, (32, 256), generator=gen).to(torch.int8)
+    by32, by16 = Groups8(q[:16], torch.rand(16, 8, generator=gen)), Groups8(q[16:], torch.rand(16, 16, generator=gen))
+    stacked = concat([by32, by16])
+    assert isinstance(stacked, Groups8) and stacked.d.shape == (32, 16)
+    assert torch.equal(stacked.dense(), torch.cat([by32.dense(), by16.dense()]))

@@ -11,7 +11,7 @@ import torch
 from specdecode.models.native import plan
 from specdecode.models.native.kernels import CKernels, TorchKernels, make_kernels
 from specdecode.models.native.linear import F32Linear, Int4Linear, Q8Linear
-from quantized import q4_grid, q4k_groups
+from quantized import q4_grid, q4k_groups, q6k_groups
 
 H, HKV, HD = 9, 3, 64  # SmolLM2's attention shape
 C_PATHS = [p for p in plan.runnable_paths() if p != "torch"]
@@ -270,7 +270,7 @@ def _quantisation_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return step / 2 @ weight_mass.t() * 1.001 + 1e-5
 
 
-@pytest.mark.parametrize("product", ["q4q8", "q4wq8", "q8q8"])
+@pytest.mark.parametrize("product", ["q4q8", "q4wq8", "q8q8", "q6q8"])
 def test_int8_activation_products_give_the_portable_bits_rows_alone_within_the_rounding_bound(lib, product):
     """The integer products (activations rounded to 8 bits per group of 32, exact integer dot
     products): the same bits as the portable build's, each row the same alone and in batches, and
@@ -278,7 +278,7 @@ def test_int8_activation_products_give_the_portable_bits_rows_alone_within_the_r
     ours, reference = (CKernels(built, H, HKV, HD, torch.float32)
                        for built in (lib, plan._load("portable", plan.c_compiler())[0]))
     gen = torch.Generator().manual_seed(10)
-    for out_features, in_features in ((96, 1536), (960, 512 if product == "q4wq8" else 576)):  # Q4_K: 256s
+    for out_features, in_features in ((96, 1536), (960, 576 if product in ("q4q8", "q8q8") else 512)):  # K: 256s
         if product == "q4q8":
             weight = q4_grid(out_features, in_features, gen)
             make = lambda k: Int4Linear.quantize(weight, torch.float32, k, int8_activations=True)  # noqa: E731
@@ -286,6 +286,10 @@ def test_int8_activation_products_give_the_portable_bits_rows_alone_within_the_r
             groups = q4k_groups(out_features, in_features, gen)
             weight = groups.dense()
             make = lambda k: Int4Linear.from_groups(groups, torch.float32, k, int8_activations=True)  # noqa: E731
+        elif product == "q6q8":  # Q6_K's: q - 32 in -32..31, a scale d sc a 16 inputs
+            groups = q6k_groups(out_features, in_features, gen)
+            weight = groups.dense()
+            make = lambda k: Q8Linear.from_groups(groups, k, int8_activations=True)  # noqa: E731
         else:
             q = torch.randint(-127, 128, (out_features, in_features // 32, 32), generator=gen).float()
             q[..., 0] = 127

@@ -111,7 +111,7 @@ class CKernels(TorchKernels):
         self._q8_matmul, self._q4_matmul, self._q4f_matmul = lib.q8_matmul, lib.q4_matmul, lib.q4f_matmul
         self._q4q8_matmul, self._q8q8_matmul = lib.q4q8_matmul, lib.q8q8_matmul
         self._f32_matmul, self._decode_layers = lib.f32_matmul, lib.decode_layers
-        self._q4wq8_matmul = lib.q4wq8_matmul
+        self._q4wq8_matmul, self._q6q8_matmul = lib.q4wq8_matmul, lib.q6q8_matmul
         self.dtype, self.scale = dtype, head_dim ** -0.5
         # 4-bit products: bf16 activations through AVX512-BF16's dot product (q4), float32 ones on any build (q4f)
         self.q4 = dtype == torch.bfloat16 and bool(lib.q4_available())
@@ -169,6 +169,10 @@ class CKernels(TorchKernels):
         out as the C kernels' q8q8_matmul takes them: q [out / 16, in / 32, 8, 16, 4] uint8 (q + 128),
         scales [out / 16, in / 32, 16] float32 -> [T, out] float32."""
         return self._grouped(self._q8q8_matmul, x, q, scales, "8-bit product")
+
+    def q6q8_matmul(self, x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """q8q8_matmul with a scale a 16 inputs (Q6_K): scales [out / 16, in / 16, 16] float32."""
+        return self._grouped(self._q6q8_matmul, x, q, scales, "8-bit product")
 
     def q4_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
         """x [T, in] bf16 @ W^T for W in Q4_1 groups laid out as the C kernels' q4_matmul takes them:
@@ -239,7 +243,7 @@ class CKernels(TorchKernels):
 
 
 # decode_layers' product kinds (csrc/kernels.h's PRODUCT_ enum), by the Python products' `kind`
-PRODUCTS = {"q4f": 0, "q4q8": 1, "q4wq8": 2, "q8": 3, "q8q8": 4, "f32": 5}
+PRODUCTS = {"q4f": 0, "q4q8": 1, "q4wq8": 2, "q8": 3, "q8q8": 4, "f32": 5, "q6q8": 6}
 
 
 class Segment(NamedTuple):

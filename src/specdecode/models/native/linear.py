@@ -221,8 +221,13 @@ class Q8Linear:
         N, K = groups.q.shape
         if K % 32 or N % 16 or not hasattr(kernels, "q8_matmul"):
             return None
-        q = groups.q
-        scales = groups.d.float().view(N // 16, 16, K // 32).transpose(1, 2).contiguous()  # [out/16, in/32, 16]
+        q, size = groups.q, K // groups.d.shape[1]  # inputs a scale covers: 32, or Q6_K's 16
+        scales = groups.d.float().view(N // 16, 16, K // size).transpose(1, 2).contiguous()  # [out/16, in/size, 16]
+        if size == 16:  # q6q8_matmul only: q as q8q8's
+            if not int8_activations:
+                return None
+            q = (q.to(torch.int16) + 128).to(torch.uint8).view(N // 16, 16, K // 32, 8, 4).permute(0, 2, 3, 1, 4)
+            return cls(q.contiguous(), scales, kernels, kind="q6q8")
         if int8_activations:  # q8q8_matmul: [out/16, in/32, 8, 16, 4] bytes, q + 128 (chunk c, output o, input 4c + j)
             q = (q.to(torch.int16) + 128).to(torch.uint8).view(N // 16, 16, K // 32, 8, 4).permute(0, 2, 3, 1, 4)
             return cls(q.contiguous(), scales, kernels, kind="q8q8")
@@ -236,10 +241,10 @@ class Q8Linear:
         """Rows `ids` of W (float32 [len(ids), in]), read back from the kernel's layout: a tied
         embedding looks its tokens up here rather than keeping a second copy of the table."""
         block, o = ids // 16, ids % 16
-        scales = self.scales[block, :, o]  # [T, in / 32]
-        if self.kind == "q8q8":  # [out/16, in/32, 8, 16, 4] bytes, q + 128
+        scales = self.scales[block, :, o]  # [T, in / 32] (q6q8: in / 16)
+        if self.kind in ("q8q8", "q6q8"):  # [out/16, in/32, 8, 16, 4] bytes, q + 128
             q = self.q[block, :, :, o].to(torch.int16) - 128  # [T, in / 32, 8, 4]
         else:  # [out/16, in, 16] int8
             q = self.q[block, :, o]  # [T, in]
         T = ids.shape[0]
-        return (q.reshape(T, -1, 32).float() * scales[..., None]).reshape(T, -1)
+        return (q.reshape(T, scales.shape[1], -1).float() * scales[..., None]).reshape(T, -1)

@@ -186,15 +186,15 @@ class NativeLlama:
     def _group_product(self, weight: Weight, dtype: str, head: bool = False) -> Int4Linear | Q8Linear | None:
         """A product on the weight's own groups (`dtype` int4 or w4a8: float or 8-bit activations), or
         None: the file's 4-bit groups (or a float weight that is such a grid, as a dequantised Q4_1
-        file's); 8-bit groups (Q8_0) for the head, or for a block product with 8-bit activations."""
+        file's); 8-bit groups (Q8_0) for the head, or for a block product with 8-bit activations (a
+        float head that is an 8-bit grid too)."""
         int8 = dtype == "w4a8"
         if isinstance(weight, Groups8):
             return Q8Linear.from_groups(weight, self.kernels, int8_activations=int8) if head or int8 else None
-        if head:
-            return Q8Linear.quantize(weight, self.kernels, int8_activations=int8) if isinstance(
-                weight, torch.Tensor) else None
         if isinstance(weight, Groups4):
             return Int4Linear.from_groups(weight, self.compute_dtype, self.kernels, int8_activations=int8)
+        if head:
+            return Q8Linear.quantize(weight, self.kernels, int8_activations=int8)
         return Int4Linear.quantize(weight, self.compute_dtype, self.kernels, int8_activations=int8)
 
     def _grouped(self, products: list[dict[str, Weight]], dtype: str, strict: bool) -> list[dict] | None:

@@ -4,7 +4,7 @@ no dequantisation on the way, no converted copy on disk).
 
 Both give the model the same things under llama.cpp's tensor names (`attn_q`, `ffn_down`,
 `token_embd`, ...): a `Hyper` of the architecture's sizes, and each weight as float, 4-bit groups
-(`Groups4`: Q4_0, Q4_1 and Q4_K blocks) or 8-bit groups (`Groups8`: Q8_0 blocks). A GGUF type the kernels
+(`Groups4`: Q4_0, Q4_1 and Q4_K blocks) or 8-bit groups (`Groups8`: Q8_0, Q5_0 and Q6_K blocks). A GGUF type the kernels
 have no product for is dequantised by the `gguf` package (exact: the file's own values), so every
 file runs, those tensors as float.
 """
@@ -41,14 +41,15 @@ class Groups4(NamedTuple):
 
 
 class Groups8(NamedTuple):
-    """w = d q per group of 32 inputs, q in -127..127 (Q8_0)."""
+    """w = d q per group of 32 inputs, q in -127..127 (Q8_0; Q5_0's 5-bit values less 16), or of 16
+    inputs (Q6_K: d its super-block's scale times the group's, q its 6-bit values less 32)."""
 
     q: torch.Tensor  # [N, K] int8
-    d: torch.Tensor  # [N, K / 32] float32 (the file's float16, widened)
+    d: torch.Tensor  # [N, K / 32] or [N, K / 16] float32 (exact: the file's float16, or a product with it)
 
     def dense(self) -> torch.Tensor:  # [N, K] float32
         N, K = self.q.shape
-        return (self.q.view(N, K // GROUP, GROUP).float() * self.d[..., None]).view(N, K)
+        return (self.q.view(N, self.d.shape[1], -1).float() * self.d[..., None]).view(N, K)
 
 
 Weight = Union[torch.Tensor, Groups4, Groups8]
@@ -63,6 +64,10 @@ def concat(parts: list[Weight]) -> Weight:
     """Weights with the same inputs stacked along their outputs (q|k|v, gate|up): groups of one kind
     stay groups, anything mixed becomes float."""
     kind = type(parts[0])
+    if kind is Groups8 and all(type(p) is kind for p in parts) and len({p.d.shape[1] for p in parts}) > 1:
+        # groups of 32 beside Q6_K's of 16: a 32-group's scale serves both its halves, exactly
+        parts = [p if p.d.shape[1] * 16 == p.q.shape[1] else Groups8(p.q, p.d.repeat_interleave(2, dim=1))
+                 for p in parts]
     if kind is not torch.Tensor and all(type(p) is kind for p in parts):
         return kind(*(torch.cat(fields) for fields in zip(*parts)))
     return torch.cat([as_float(p).float() for p in parts])
@@ -244,8 +249,8 @@ class GGUFHeader:
 
 
 class GGUFSource:
-    """A GGUF file, its tensors read over a memory map (`GGUFHeader`). Q4_0, Q4_1, Q4_K and Q8_0 blocks
-    become groups as they are; F32, F16 and BF16 tensors float; any other type is dequantised."""
+    """A GGUF file, its tensors read over a memory map (`GGUFHeader`). Q4_0, Q4_1, Q4_K, Q5_0, Q6_K and
+    Q8_0 blocks become groups as they are; F32, F16 and BF16 tensors float; any other type is dequantised."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -332,7 +337,43 @@ def _read(tensor) -> Weight:
         return Groups4(q, d, m)
     if kind == T.Q4_K:
         return _q4_k(data.reshape(N, -1, 144))
+    if kind == T.Q5_0:
+        return _q5_0(data.reshape(N, -1, 22))
+    if kind == T.Q6_K:
+        return _q6_k(data.reshape(N, -1, 210))
     return torch.from_numpy(dequantize(data, kind))  # [N, K] float32
+
+
+def _q5_0(blocks: np.ndarray) -> Groups8:
+    """Q5_0 blocks [N, K / 32, 22 bytes] as 8-bit groups: d (float16), 32 high bits (a little-endian
+    uint32), 16 bytes of low nibbles (value i's in byte i % 16, low half for i < 16); w = d (q - 16),
+    q - 16 in -16..15 (llama.cpp's dequantize_row_q5_0)."""
+    N, B = blocks.shape[:2]
+    d = torch.from_numpy(np.ascontiguousarray(blocks[..., 0:2]).view(np.float16)[..., 0].astype(np.float32))
+    high = np.ascontiguousarray(blocks[..., 2:6]).view(np.uint32)  # [N, B, 1]
+    bits = ((high >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int16)  # [N, B, 32]
+    low = blocks[..., 6:22].astype(np.int16)
+    q = np.concatenate([low & 15, low >> 4], axis=-1) | (bits << 4)
+    return Groups8(torch.from_numpy((q - 16).astype(np.int8)).view(N, B * 32), d)
+
+
+def _q6_k(blocks: np.ndarray) -> Groups8:
+    """Q6_K super-blocks [N, K / 256, 210 bytes] as 8-bit groups of 16: 128 bytes of low nibbles, 64
+    of high bit pairs, 16 int8 scales, d (float16); value e of a block has scale d sc[e // 16] and
+    q - 32 in -32..31 (llama.cpp's dequantize_row_q6_K: per 128 values, byte l of the low nibbles
+    holds values l and l + 64 (low, high nibble), byte l + 32 values l + 32 and l + 96; the high bits
+    of value l + 32 j are bits 2j, 2j + 1 of byte l of the 32 high-bit bytes)."""
+    N, B = blocks.shape[:2]
+    low = blocks[..., :128].reshape(N, B, 2, 2, 32).astype(np.int16)  # [.., half, l < 32 or l >= 32, l]
+    high = blocks[..., 128:192].reshape(N, B, 2, 1, 32).astype(np.int16)  # [.., half, 1, l]
+    nibbles = np.stack([low[..., 0, :] & 15, low[..., 1, :] & 15, low[..., 0, :] >> 4, low[..., 1, :] >> 4],
+                       axis=-2)  # [N, B, half, j, l]: value 32 j + l of the half
+    pairs = (high >> (2 * np.arange(4, dtype=np.int16)[:, None])) & 3  # [N, B, half, j, l]
+    q = (nibbles | (pairs << 4)) - 32
+    sc = blocks[..., 192:208].view(np.int8).astype(np.float32)  # [N, B, 16]
+    d = np.ascontiguousarray(blocks[..., 208:210]).view(np.float16)[..., 0].astype(np.float32)  # [N, B]
+    scale = torch.from_numpy(d[..., None] * sc).view(N, B * 16)  # exact: an 11-bit by an 8-bit integer
+    return Groups8(torch.from_numpy(q.astype(np.int8)).view(N, B * 256), scale)
 
 
 def _q4_k(blocks: np.ndarray) -> Groups4:

@@ -134,9 +134,10 @@ INTERNAL float *group_sums_bf16(const uint16_t *x, int rows, int in);
 /* Rows of activations quantised to 8 bits per group of 32 inputs (matmul.c's quantize_q8), as the
  * q4q8 and q8q8 row kernels take them. */
 typedef struct {
-    int8_t *q;       /* [rows][in] */
-    float *d, *s;    /* [rows][in / 32]: dx and sx */
-    int32_t *sum;    /* [rows][in / 32]: sum of xq */
+    int8_t *q;         /* [rows][in] */
+    float *d, *s;      /* [rows][in / 32]: dx and sx */
+    int32_t *sum;      /* [rows][in / 32]: sum of xq */
+    int32_t *half_sum; /* [rows][in / 16]: sum of xq over each 16 inputs (q6q8's groups of scales) */
 } q8_rows_t;
 
 /* The block functions parallel_for runs, one 16-output block nb of every row (ctx: a product_t),
@@ -147,6 +148,7 @@ INTERNAL void q4f_blocks(void *ctx, int nb); /* extra: the rows' group sums */
 INTERNAL void q4q8_blocks(void *ctx, int nb); /* extra: the rows' 8-bit activations (q8_rows_t) */
 INTERNAL void q4wq8_blocks(void *ctx, int nb); /* the same, float32 coefficients */
 INTERNAL void q8q8_blocks(void *ctx, int nb); /* the same */
+INTERNAL void q6q8_blocks(void *ctx, int nb); /* the same, a scale a 16 inputs */
 
 /* CALL(r0, R) over rows 0.. in groups of at most MAX (1, 4 or 8), R a constant in each call, so that
  * each ROWS_FN is compiled for every group size it takes. */
@@ -183,7 +185,9 @@ INTERNAL void q8q8_blocks(void *ctx, int nb); /* the same */
         FOR_ROW_GROUPS(MAX_ROWS, p->rows, Q4WQ8_CALL)                                            \
     }
 
-#define Q8Q8_CALL(r0, R) q8q8_rows(a, qb, sb, y, in, out, nb, r0, R)
+/* q8q8_rows(..., PARTS): PARTS scales a group of 32 inputs (1: q8q8's, 2: q6q8's, one a 16) */
+#define Q8Q8_CALL(r0, R) q8q8_rows(a, qb, sb, y, in, out, nb, r0, R, 1)
+#define Q6Q8_CALL(r0, R) q8q8_rows(a, qb, sb, y, in, out, nb, r0, R, 2)
 #define DEFINE_Q8Q8_BLOCKS(MAX_ROWS)                                                             \
     INTERNAL void q8q8_blocks(void *ctx, int nb) {                                               \
         const product_t *p = ctx;                                                                \
@@ -193,6 +197,15 @@ INTERNAL void q8q8_blocks(void *ctx, int nb); /* the same */
         const float *sb = (const float *)p->coef + (long)nb * (in / 32) * 16;                    \
         float *y = p->y;                                                                         \
         FOR_ROW_GROUPS(MAX_ROWS, rows, Q8Q8_CALL)                                                \
+    }                                                                                            \
+    INTERNAL void q6q8_blocks(void *ctx, int nb) {                                               \
+        const product_t *p = ctx;                                                                \
+        const q8_rows_t *a = p->extra;                                                           \
+        const int in = p->in, out = p->out, rows = p->rows;                                      \
+        const uint8_t *qb = (const uint8_t *)p->q + (long)nb * in * 16;                          \
+        const float *sb = (const float *)p->coef + (long)nb * (in / 16) * 16;                    \
+        float *y = p->y;                                                                         \
+        FOR_ROW_GROUPS(MAX_ROWS, rows, Q6Q8_CALL)                                                \
     }
 
 #endif

@@ -93,10 +93,15 @@ int q8q8_matmul(const float *x, const uint8_t *q, const float *scales, float *y,
 int q4_matmul(const uint16_t *x, const uint8_t *q, const float *coef, uint16_t *y, int rows, int in, int out,
               int threads);
 
+/* Q6_K W (int8 q - 32 as q8q8's layout, a float32 scale d sc a 16 inputs) with x quantised to 8 bits:
+ * scales [out / 16][in / 16][16] float32 */
+int q6q8_matmul(const float *x, const uint8_t *q, const float *scales, float *y, int rows, int in, int out,
+                int threads);
+
 /* ---- a decode forward (layers.c) --------------------------------------------------------------- */
 
 /* The products decode_layers runs, by kind: the entry points above */
-enum { PRODUCT_Q4F, PRODUCT_Q4Q8, PRODUCT_Q4WQ8, PRODUCT_Q8, PRODUCT_Q8Q8, PRODUCT_F32 };
+enum { PRODUCT_Q4F, PRODUCT_Q4Q8, PRODUCT_Q4WQ8, PRODUCT_Q8, PRODUCT_Q8Q8, PRODUCT_F32, PRODUCT_Q6Q8 };
 
 /* Every layer of a decode forward: x [rows, dim] float32 updated in place; weights [layers][10]
  * pointers (norms, then each product's q and coef: the enums in layers.c), kinds [layers][4] the

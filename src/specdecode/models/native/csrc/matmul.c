@@ -56,9 +56,13 @@ static void quantize_row(void *ctx, int r) {
             qg[i] = (int8_t)nearbyintf(xg[i] * inverse);
             sum += qg[i];
         }
+        int half = 0;
+        for (int i = 0; i < 16; i++) half += qg[i];
         a->d[r * groups + g] = amax / 127.0f;
         a->s[r * groups + g] = amax / 127.0f * (float)sum;
         a->sum[r * groups + g] = sum;
+        a->half_sum[2 * (r * groups + g)] = half;
+        a->half_sum[2 * (r * groups + g) + 1] = sum - half;
     }
 }
 
@@ -68,13 +72,14 @@ enum { QUANTIZE_PARALLEL_INPUTS = 8192 };
 static int quantize_q8(const float *x, int rows, int in, q8_rows_t *a, int threads) {
     const int groups = in / 32;
     a->q = malloc((size_t)rows * in);
-    a->d = malloc(sizeof(float) * 3 * rows * groups);
+    a->d = malloc(sizeof(float) * 5 * rows * groups);
     if (!a->q || !a->d) {
         free(a->q), free(a->d);
         return 1;
     }
     a->s = a->d + rows * groups;
     a->sum = (int32_t *)(a->s + rows * groups);
+    a->half_sum = a->sum + rows * groups;
     quantize_t t = {x, a, in};
     parallel_for(rows, (long)rows * in >= QUANTIZE_PARALLEL_INPUTS ? threads : 1, quantize_row, &t);
     return 0;
@@ -167,4 +172,12 @@ int q4wq8_matmul(const float *x, const uint8_t *q, const float *coef, float *y, 
 int q8q8_matmul(const float *x, const uint8_t *q, const float *scales, float *y, int rows, int in, int out,
                 int threads) {
     return int8_activation_product(q8q8_blocks, x, q, scales, y, rows, in, out, threads);
+}
+
+/* q8q8_matmul with a scale a 16 inputs: scales [out / 16][in / 16][16] float32, q as q8q8's (int8
+ * values + 128). The K-quants' Q6_K: w = d sc (q - 32) per 16 inputs, q - 32 in -32..31 and d sc exact
+ * in float32. Each half group's integer sum S_k contributes fma(scale_k dx, S_k, acc), k = 0, 1. */
+int q6q8_matmul(const float *x, const uint8_t *q, const float *scales, float *y, int rows, int in, int out,
+                int threads) {
+    return int8_activation_product(q6q8_blocks, x, q, scales, y, rows, in, out, threads);
 }

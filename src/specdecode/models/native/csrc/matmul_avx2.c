@@ -171,7 +171,8 @@ DEFINE_Q4Q8_BLOCKS(4)
  * again and their signs moved onto the activations: vpmaddubsw(|w|, sign(xq, w)) pairs stay within
  * 2 x 127 x 127 and vpmaddwd sums them into int32. */
 static inline __attribute__((always_inline)) void q8q8_rows(const q8_rows_t *a, const uint8_t *qb, const float *sb,
-                                                            float *y, int in, int out, int nb, int r0, const int R) {
+                                                            float *y, int in, int out, int nb, int r0, const int R,
+                                                            const int parts) {
     const int groups = in / 32;
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     __m256 acc[4][2];
@@ -179,25 +180,27 @@ static inline __attribute__((always_inline)) void q8q8_rows(const q8_rows_t *a, 
     for (int g = 0; g < groups; g++) {
         const uint8_t *grp = qb + (long)g * 512;
         for (int line = 0; line < 512; line += 64) _mm_prefetch((const char *)(grp + 4 * 512 + line), _MM_HINT_T0);
-        __m256i S[4][2];
-        for (int r = 0; r < R; r++) S[r][0] = S[r][1] = _mm256_setzero_si256();
-        for (int c = 0; c < 8; c++)
-            for (int h = 0; h < 2; h++) {
-                __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(grp + c * 64 + h * 32)), flip);
-                __m256i magnitude = _mm256_sign_epi8(w, w);
-                for (int r = 0; r < R; r++) {
-                    int32_t chunk;
-                    memcpy(&chunk, a->q + (long)(r0 + r) * in + g * 32 + c * 4, 4);
-                    __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(_mm256_set1_epi32(chunk), w));
-                    S[r][h] = _mm256_add_epi32(S[r][h], _mm256_madd_epi16(pairs, ones));
+        for (int part = 0; part < parts; part++) { /* the chunks one scale covers */
+            __m256i S[4][2];
+            for (int r = 0; r < R; r++) S[r][0] = S[r][1] = _mm256_setzero_si256();
+            for (int c = part * 8 / parts; c < (part + 1) * 8 / parts; c++)
+                for (int h = 0; h < 2; h++) {
+                    __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(grp + c * 64 + h * 32)), flip);
+                    __m256i magnitude = _mm256_sign_epi8(w, w);
+                    for (int r = 0; r < R; r++) {
+                        int32_t chunk;
+                        memcpy(&chunk, a->q + (long)(r0 + r) * in + g * 32 + c * 4, 4);
+                        __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(_mm256_set1_epi32(chunk), w));
+                        S[r][h] = _mm256_add_epi32(S[r][h], _mm256_madd_epi16(pairs, ones));
+                    }
                 }
-            }
-        for (int h = 0; h < 2; h++) {
-            __m256 scale = _mm256_loadu_ps(sb + g * 16 + 8 * h);
-            for (int r = 0; r < R; r++) {
-                const int at = (r0 + r) * groups + g;
-                acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(a->d[at])),
-                                            _mm256_cvtepi32_ps(S[r][h]), acc[r][h]);
+            for (int h = 0; h < 2; h++) {
+                __m256 scale = _mm256_loadu_ps(sb + (g * parts + part) * 16 + 8 * h);
+                for (int r = 0; r < R; r++) {
+                    const int at = (r0 + r) * groups + g;
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(a->d[at])),
+                                                _mm256_cvtepi32_ps(S[r][h]), acc[r][h]);
+                }
             }
         }
     }

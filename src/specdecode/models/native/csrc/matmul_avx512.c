@@ -51,28 +51,33 @@ DEFINE_Q4Q8_BLOCKS(8)
 /* R rows (1-8) of one 16-output block with AVX512-VNNI: vpdpbusd takes the weights' bytes (q + 128)
  * as its unsigned operand; the row's 128 sum(xq) is taken off the exact integer sums. */
 static inline __attribute__((always_inline)) void q8q8_rows(const q8_rows_t *a, const uint8_t *qb, const float *sb,
-                                                            float *y, int in, int out, int nb, int r0, const int R) {
+                                                            float *y, int in, int out, int nb, int r0, const int R,
+                                                            const int parts) {
     const int groups = in / 32;
     __m512 acc[8];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int g = 0; g < groups; g++) {
         const uint8_t *grp = qb + (long)g * 512;
         for (int line = 0; line < 512; line += 64) _mm_prefetch((const char *)(grp + 4 * 512 + line), _MM_HINT_T0);
-        __m512i S[8];
-        for (int r = 0; r < R; r++) S[r] = _mm512_setzero_si512();
-        for (int c = 0; c < 8; c++) {
-            __m512i w = _mm512_loadu_si512((const void *)(grp + c * 64));
-            for (int r = 0; r < R; r++) {
-                int32_t chunk;
-                memcpy(&chunk, a->q + (long)(r0 + r) * in + g * 32 + c * 4, 4);
-                S[r] = _mm512_dpbusd_epi32(S[r], w, _mm512_set1_epi32(chunk));
+        for (int part = 0; part < parts; part++) { /* the chunks one scale covers */
+            __m512i S[8];
+            for (int r = 0; r < R; r++) S[r] = _mm512_setzero_si512();
+            for (int c = part * 8 / parts; c < (part + 1) * 8 / parts; c++) {
+                __m512i w = _mm512_loadu_si512((const void *)(grp + c * 64));
+                for (int r = 0; r < R; r++) {
+                    int32_t chunk;
+                    memcpy(&chunk, a->q + (long)(r0 + r) * in + g * 32 + c * 4, 4);
+                    S[r] = _mm512_dpbusd_epi32(S[r], w, _mm512_set1_epi32(chunk));
+                }
             }
-        }
-        __m512 scale = _mm512_loadu_ps(sb + g * 16);
-        for (int r = 0; r < R; r++) {
-            const int at = (r0 + r) * groups + g;
-            __m512i exact = _mm512_sub_epi32(S[r], _mm512_set1_epi32(128 * a->sum[at]));
-            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(scale, _mm512_set1_ps(a->d[at])), _mm512_cvtepi32_ps(exact), acc[r]);
+            __m512 scale = _mm512_loadu_ps(sb + (g * parts + part) * 16);
+            for (int r = 0; r < R; r++) {
+                const int at = (r0 + r) * groups + g;
+                const int32_t xsum = parts == 1 ? a->sum[at] : a->half_sum[2 * at + part];
+                __m512i exact = _mm512_sub_epi32(S[r], _mm512_set1_epi32(128 * xsum));
+                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(scale, _mm512_set1_ps(a->d[at])), _mm512_cvtepi32_ps(exact),
+                                         acc[r]);
+            }
         }
     }
     for (int r = 0; r < R; r++) _mm512_storeu_ps(y + (long)(r0 + r) * out + (long)nb * 16, acc[r]);

@@ -224,19 +224,21 @@ static void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const void *cb, flo
 DEFINE_Q4Q8_BLOCKS(1)
 
 static void q8q8_rows(const q8_rows_t *a, const uint8_t *qb, const float *sb, float *y, int in, int out, int nb,
-                      int r0, const int R) {
+                      int r0, const int R, const int parts) {
     const int groups = in / 32;
     for (int r = r0; r < r0 + R; r++) {
         float acc[16] = {0};
         for (int g = 0; g < groups; g++) {
             const uint8_t *grp = qb + (long)g * 512;
             const int8_t *xg = a->q + (long)r * in + g * 32;
-            int32_t S[16] = {0};
-            for (int c = 0; c < 8; c++)
-                for (int o = 0; o < 16; o++)
-                    for (int j = 0; j < 4; j++) S[o] += (grp[c * 64 + 4 * o + j] - 128) * xg[4 * c + j];
             const float dx = a->d[r * groups + g];
-            for (int o = 0; o < 16; o++) acc[o] = fmaf(sb[g * 16 + o] * dx, (float)S[o], acc[o]);
+            for (int part = 0; part < parts; part++) {
+                int32_t S[16] = {0};
+                for (int c = part * 8 / parts; c < (part + 1) * 8 / parts; c++)
+                    for (int o = 0; o < 16; o++)
+                        for (int j = 0; j < 4; j++) S[o] += (grp[c * 64 + 4 * o + j] - 128) * xg[4 * c + j];
+                for (int o = 0; o < 16; o++) acc[o] = fmaf(sb[(g * parts + part) * 16 + o] * dx, (float)S[o], acc[o]);
+            }
         }
         memcpy(y + (long)r * out + (long)nb * 16, acc, sizeof acc);
     }

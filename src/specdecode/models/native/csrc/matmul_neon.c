@@ -55,7 +55,8 @@ DEFINE_Q4Q8_BLOCKS(4)
 
 /* NEON sdot: the weights' bytes (q + 128) made signed again by flipping their top bit. */
 static inline __attribute__((always_inline)) void q8q8_rows(const q8_rows_t *a, const uint8_t *qb, const float *sb,
-                                                            float *y, int in, int out, int nb, int r0, const int R) {
+                                                            float *y, int in, int out, int nb, int r0, const int R,
+                                                            const int parts) {
     const int groups = in / 32;
     const uint8x16_t flip = vdupq_n_u8(0x80);
     float32x4_t acc[4][4];
@@ -65,24 +66,26 @@ static inline __attribute__((always_inline)) void q8q8_rows(const q8_rows_t *a, 
         const uint8_t *grp = qb + (long)g * 512;
         __builtin_prefetch(grp + 4 * 512);
         __builtin_prefetch(grp + 4 * 512 + 256);
-        int32x4_t S[4][4];
-        for (int r = 0; r < R; r++)
-            for (int k = 0; k < 4; k++) S[r][k] = vdupq_n_s32(0);
-        for (int c = 0; c < 8; c++) {
-            int8x16_t w[4];
-            for (int k = 0; k < 4; k++) w[k] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(grp + c * 64 + 16 * k), flip));
-            for (int r = 0; r < R; r++) {
-                int32_t chunk;
-                memcpy(&chunk, a->q + (long)(r0 + r) * in + g * 32 + c * 4, 4);
-                int8x16_t xb = vreinterpretq_s8_s32(vdupq_n_s32(chunk));
-                for (int k = 0; k < 4; k++) S[r][k] = vdotq_s32(S[r][k], w[k], xb);
+        for (int part = 0; part < parts; part++) { /* the chunks one scale covers */
+            int32x4_t S[4][4];
+            for (int r = 0; r < R; r++)
+                for (int k = 0; k < 4; k++) S[r][k] = vdupq_n_s32(0);
+            for (int c = part * 8 / parts; c < (part + 1) * 8 / parts; c++) {
+                int8x16_t w[4];
+                for (int k = 0; k < 4; k++) w[k] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(grp + c * 64 + 16 * k), flip));
+                for (int r = 0; r < R; r++) {
+                    int32_t chunk;
+                    memcpy(&chunk, a->q + (long)(r0 + r) * in + g * 32 + c * 4, 4);
+                    int8x16_t xb = vreinterpretq_s8_s32(vdupq_n_s32(chunk));
+                    for (int k = 0; k < 4; k++) S[r][k] = vdotq_s32(S[r][k], w[k], xb);
+                }
             }
-        }
-        for (int k = 0; k < 4; k++) {
-            float32x4_t scale = vld1q_f32(sb + g * 16 + 4 * k);
-            for (int r = 0; r < R; r++) {
-                const int at = (r0 + r) * groups + g;
-                acc[r][k] = vfmaq_f32(acc[r][k], vmulq_f32(scale, vdupq_n_f32(a->d[at])), vcvtq_f32_s32(S[r][k]));
+            for (int k = 0; k < 4; k++) {
+                float32x4_t scale = vld1q_f32(sb + (g * parts + part) * 16 + 4 * k);
+                for (int r = 0; r < R; r++) {
+                    const int at = (r0 + r) * groups + g;
+                    acc[r][k] = vfmaq_f32(acc[r][k], vmulq_f32(scale, vdupq_n_f32(a->d[at])), vcvtq_f32_s32(S[r][k]));
+                }
             }
         }
     }

@@ -1,6 +1,7 @@
-"""Small random-weight GGUF models, written the way llama.cpp's converter writes them (the `gguf`
-writer; the embedded model's tokenizer, so llama.cpp loads them) and quantised by llama.cpp itself
-(llama-cpp-python's quantize API) into each format a user brings."""
+"""Random-weight Llama models of any shape as GGUF files, written the way llama.cpp's converter writes
+them (the `gguf` writer; the embedded model's tokenizer, so llama.cpp loads them) and quantised by
+llama.cpp itself (llama-cpp-python's quantize API) into each format a user brings: what the tests
+check the native backend against llama.cpp on, and what benchmarks/size_sweep.py times."""
 
 from __future__ import annotations
 
@@ -29,8 +30,12 @@ def _copy_tokenizer(writer, source: Path) -> None:
             writer.add_key_value(key, field.contents(), kind)
 
 
+# SmolLM2's shapes (layers, dim, heads, kv_heads, hidden) by parameter count: 0.1, 0.4 and 1.7 billion
+SHAPES = {"135M": (30, 576, 9, 3, 1536), "360M": (32, 960, 15, 5, 2560), "1.7B": (24, 2048, 32, 32, 8192)}
+
+
 def write_llama(path: Path, layers: int = 2, dim: int = 128, heads: int = 4, kv_heads: int = 2, hidden: int = 256,
-                seed: int = 0, context: int = 512) -> Path:
+                seed: int = 0, context: int = 512, dtype: str = "F32") -> Path:
     """A Llama of random float32 weights as a GGUF file (tied embeddings, as SmolLM2's). The embeddings'
     spread (0.25; the head is tied) gives next-token distributions of a few nats' entropy: neither
     uniform nor one-hot, so that a misread weight moves them measurably."""
@@ -48,12 +53,13 @@ def write_llama(path: Path, layers: int = 2, dim: int = 128, heads: int = 4, kv_
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_dimension_count(dim // heads)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "F32" else gguf.LlamaFileType.MOSTLY_F16)
+    matrix = np.float32 if dtype == "F32" else np.float16  # the 2-d tensors' type (F16 halves a big model's file)
     _copy_tokenizer(writer, default_target_path())
     head_dim = dim // heads
 
     def tensor(name: str, *shape: int, std: float) -> None:
-        writer.add_tensor(name, (rng.standard_normal(shape) * std).astype(np.float32))
+        writer.add_tensor(name, (rng.standard_normal(shape, dtype=np.float32) * std).astype(matrix))
 
     tensor("token_embd.weight", vocab, dim, std=0.25)
     writer.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
