@@ -127,7 +127,8 @@ def main() -> int:
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--formats", nargs="+", default=["q4_1", "q4_0"], help="llama-server's files (q4_1: shipped)")
+    parser.add_argument("--formats", nargs="*", default=["q4_1", "q4_0"], help="llama-server's files (q4_1: shipped)")
+    parser.add_argument("--serve-args", default="", help="more arguments for `specdecode serve`, e.g. \"--prompt-rows 64\"")
     parser.add_argument("--ours", nargs="+", default=["lookup", "suffix"], help="drafts `specdecode serve` runs")
     parser.add_argument("--spec-types", nargs="+", default=SPEC_TYPES)
     parser.add_argument("--threads", type=int, default=2)
@@ -161,9 +162,10 @@ def main() -> int:
     for draft in args.ours:
         port = free_port()
         command = [sys.executable, "-m", "specdecode", "serve", "--port", str(port), "--model-name", "smol",
-                   "--draft", draft, "--max-batch", str(max(top, 1)), "--max-queue", str(4 * top)]
+                   "--draft", draft, "--max-batch", str(max(top, 1)), "--max-queue", str(4 * top), *args.serve_args.split()]
         with running(command, port, work / f"serve-{draft}.log"):
-            record(f"specdecode serve --draft {draft}", f"http://127.0.0.1:{port}/v1", "smol", top)
+            record(" ".join([f"specdecode serve --draft {draft}", *args.serve_args.split()]), f"http://127.0.0.1:{port}/v1",
+                   "smol", top)
     server = Path(args.llama_bin) / "llama-server"
     for kind, path in files.items():
         for spec in [None, *args.spec_types]:

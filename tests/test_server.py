@@ -590,3 +590,20 @@ def test_completion_prompts_as_token_ids_and_tokenize_round_trips(server, client
         assert status == 400 and error["error"]["param"] == param, error
     assert post(base, "/detokenize", {"tokens": [-1]})[0] == 400
     assert post(base, "/tokenize", {"content": 5})[0] == 400
+
+
+def test_prompt_rows_reach_the_batch_and_a_bad_value_is_refused_by_name():
+    from specdecode.cli.parser import build_parser
+    from specdecode.cli.serve import serve_options
+    from specdecode.server.engine import Engine
+    from toy import ToyModel
+
+    parse = build_parser().parse_args
+    assert serve_options(parse(["serve", "--prompt-rows", "32"])).prompt_rows == 32
+    with pytest.raises(ValueError, match="prompt.rows"):
+        serve_options(parse(["serve", "--prompt-rows", "0"]))
+    engine = Engine(ToyModel(8, seed=1), {"lookup": "lookup"}, "lookup", prompt_rows=32)
+    try:
+        assert engine._batch.prompt_rows == 32
+    finally:
+        engine.close()

@@ -154,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-batch", type=int, default=16,
                        help="requests decoded together, each with its own KV cache sized to its prompt + max_tokens "
                             "(default 16; 1 serves one at a time)")
+    serve.add_argument("--prompt-rows", type=int, default=256,
+                       help="prompt tokens a decode step takes beside the other requests' rows, where the target "
+                            "computes prompts row by row (the native backend's w4a8): more, a new request's first "
+                            "token sooner; fewer, shorter pauses for the requests already decoding (default 256)")
     serve.add_argument("--max-queue", type=int, default=16,
                        help="requests that may wait behind a full batch (default 16); past them, 429")
     serve.add_argument("--max-tokens", type=int, default=1024,

@@ -355,7 +355,7 @@ FLAGS = {"metrics_open", "ray"}
 VALUES = {"target": str, "draft": str, "backend": "backends", "draft_backend": "backends",
           "min_draft_confidence": float, "threads": int, "kernels": "kernels", "dtype": str, "device": str,
           "also_draft": str, "gamma": _gamma_value, "max_gamma": int, "host": str, "port": int, "model_name": str,
-          "max_batch": int, "max_queue": int, "max_tokens": int, "api_key": str, "max_body_bytes": int,
+          "max_batch": int, "prompt_rows": int, "max_queue": int, "max_tokens": int, "api_key": str, "max_body_bytes": int,
           "replicas": int, "min_replicas": int, "max_replicas": int, "address": str}
 SCALING = ("replicas", "min_replicas", "max_replicas", "address")
 
