@@ -115,7 +115,7 @@ def test_an_architecture_the_native_backend_does_not_run_is_refused_in_one_sente
     assert bytes(data[start : start + 5]) == b"llama"
     data[start : start + 5] = b"qwen9"  # an architecture llama.cpp does not know either
     qwen.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match="native backend runs the llama, mistral architectures; qwen.gguf is 'qwen9'"):
+    with pytest.raises(ValueError, match="native backend runs the llama, qwen2, qwen3 architectures; qwen.gguf is 'qwen9'"):
         load_native(qwen)
     assert resolve_backend(str(qwen), "auto", "cpu") == "llama.cpp"
     assert resolve_backend(str(files["Q8_0"]), "auto", "cpu") == "native"
@@ -165,3 +165,37 @@ def test_groups_of_32_and_of_16_stack_into_one_product_exactly():
     stacked = concat([by32, by16])
     assert isinstance(stacked, Groups8) and stacked.d.shape == (32, 16)
     assert torch.equal(stacked.dense(), torch.cat([by32.dense(), by16.dense()]))
+
+
+@pytest.fixture(scope="module")
+def architectures(tmp_path_factory):
+    """{architecture: Q4_0 file}: Qwen2 (q, k, v biases) and Qwen3 (q and k norms, head_dim 64 with
+    dim 128 and 4 heads: q wider than the residual stream), quantised by llama.cpp."""
+    root = tmp_path_factory.mktemp("architectures")
+    return {arch: quantize(write_llama(root / f"tiny-{arch}.gguf", architecture=arch, seed=5,
+                                       head_dim=64 if arch == "qwen3" else None), "Q4_0")
+            for arch in ("qwen2", "qwen3")}
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_qwen_architectures_match_llama_cpp_and_their_decode_layers_match_the_loop(architectures, arch):
+    """Next-token distributions against llama.cpp on the same file (thresholds as for the formats,
+    same reasons), and the one C call of a decode forward, with the bias or the q/k norms inside it,
+    bit-identical to the per-operation loop."""
+    native = load_native(architectures[arch], max_positions=64)
+    assert native.layer_pointers is not None
+    oracle = load_model(str(architectures[arch]), backend="llama.cpp", n_ctx=64)
+    tokens = torch.randint(0, 49152, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    ours, theirs = _next_token_logprobs(native, tokens), _next_token_logprobs(oracle, tokens)
+    kl = (theirs.exp() * (theirs - ours)).sum(-1)
+    agree = (ours.argmax(-1) == theirs.argmax(-1)).double().mean().item()
+    assert kl.mean().item() < 0.01 and agree >= 0.85, (arch, kl.mean().item(), agree)
+    fused, results = native.layer_pointers, []
+    for pointers in (fused, None):
+        native.layer_pointers, cache = pointers, native.new_cache()
+        try:
+            native.forward(torch.tensor([tokens[:30]]), cache, num_logits=1, prefill=False)
+            results.append(native.forward(torch.tensor([tokens[30:34]]), cache))
+        finally:
+            native.layer_pointers = fused
+    assert torch.equal(*results)

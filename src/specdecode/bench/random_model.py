@@ -35,15 +35,19 @@ SHAPES = {"135M": (30, 576, 9, 3, 1536), "360M": (32, 960, 15, 5, 2560), "1.7B":
 
 
 def write_llama(path: Path, layers: int = 2, dim: int = 128, heads: int = 4, kv_heads: int = 2, hidden: int = 256,
-                seed: int = 0, context: int = 512, dtype: str = "F32") -> Path:
-    """A Llama of random float32 weights as a GGUF file (tied embeddings, as SmolLM2's). The embeddings'
+                seed: int = 0, context: int = 512, dtype: str = "F32", architecture: str = "llama",
+                head_dim: int | None = None) -> Path:
+    """A Llama-family model of random weights as a GGUF file (tied embeddings, as SmolLM2's):
+    `architecture` llama, mistral, qwen2 (with q, k, v biases) or qwen3 (with q and k norms, and
+    `head_dim` other than dim / heads where given). The embeddings'
     spread (0.25; the head is tied) gives next-token distributions of a few nats' entropy: neither
     uniform nor one-hot, so that a misread weight moves them measurably."""
     import gguf
 
     rng = np.random.default_rng(seed)
     vocab = 49152  # the embedded model's tokenizer
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), architecture)
+    head_dim = head_dim or dim // heads
     writer.add_block_count(layers)
     writer.add_context_length(context)
     writer.add_embedding_length(dim)
@@ -52,11 +56,12 @@ def write_llama(path: Path, layers: int = 2, dim: int = 128, heads: int = 4, kv_
     writer.add_head_count_kv(kv_heads)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_dimension_count(dim // heads)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "F32" else gguf.LlamaFileType.MOSTLY_F16)
     matrix = np.float32 if dtype == "F32" else np.float16  # the 2-d tensors' type (F16 halves a big model's file)
     _copy_tokenizer(writer, default_target_path())
-    head_dim = dim // heads
 
     def tensor(name: str, *shape: int, std: float) -> None:
         writer.add_tensor(name, (rng.standard_normal(shape, dtype=np.float32) * std).astype(matrix))
@@ -73,6 +78,12 @@ def write_llama(path: Path, layers: int = 2, dim: int = 128, heads: int = 4, kv_
         tensor(f"blk.{i}.ffn_gate.weight", hidden, dim, std=dim ** -0.5)
         tensor(f"blk.{i}.ffn_up.weight", hidden, dim, std=dim ** -0.5)
         tensor(f"blk.{i}.ffn_down.weight", dim, hidden, std=hidden ** -0.5)
+        if architecture == "qwen2":
+            for name, rows in (("attn_q", heads), ("attn_k", kv_heads), ("attn_v", kv_heads)):
+                writer.add_tensor(f"blk.{i}.{name}.bias", (0.1 * rng.standard_normal(rows * head_dim)).astype(np.float32))
+        if architecture == "qwen3":
+            for name in ("attn_q_norm", "attn_k_norm"):
+                writer.add_tensor(f"blk.{i}.{name}.weight", (1 + 0.1 * rng.standard_normal(head_dim)).astype(np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -222,7 +222,7 @@ class CKernels(TorchKernels):
         """Every layer of a decode forward in one call (float32 residual stream; each product of its
         kind, `PRODUCTS`): x [T, D] float32, the rows of `segments` in turn (one request each, with
         its own cache; one segment for a single forward), updated in place and returned; weights
-        [layers, 10] int64, the pointers the C kernels' decode_layers names; kinds [layers, 4] int32;
+        [layers, 13] int64, the pointers the C kernels' decode_layers names; kinds [layers, 4] int32;
         cos/sin [T, hd] of the rows' positions. The products run once over all T rows, RoPE and the
         cache writes and the attention per segment over its own cache."""
         T, D = x.shape

@@ -26,6 +26,9 @@ def activation_dtype() -> torch.dtype:
     return torch.bfloat16 if bf16_supported() and (lib is None or lib.q4_available()) else torch.float32
 
 
+PRODUCT_NAMES = ("qkv", "o", "gate_up", "down")  # a block's products, in decode_layers' order
+
+
 class _Segment(NamedTuple):
     """One request's rows in a forward: `rows` new positions in `cache` (from its length on), a
     chain, or a draft tree given `parents` (int32)."""
@@ -98,9 +101,16 @@ class NativeLlama:
         self.embedding = Embedding(self.head.rows if tied and isinstance(self.head, Q8Linear) else embed,
                                    self.compute_dtype)
         del embed
-        vector = lambda name, layer=None: as_float(source.weight(name, layer)).to(self.compute_dtype)  # noqa: E731
-        self.blocks = [dict(attn_norm=vector("attn_norm", i), mlp_norm=vector("ffn_norm", i), **linears[i])
-                       for i in range(self.layers)]
+        def vector(name: str, layer: int | None = None) -> torch.Tensor | None:
+            weight = source.weight(name, layer)
+            return None if weight is None else as_float(weight).to(self.compute_dtype)
+
+        # Qwen2's q|k|v bias (None elsewhere) and Qwen3's norms of each head's q and k (None elsewhere)
+        biases = [[source.bias(n, i) for n in ("attn_q", "attn_k", "attn_v")] for i in range(self.layers)]
+        self.blocks = [dict(attn_norm=vector("attn_norm", i), mlp_norm=vector("ffn_norm", i),
+                            qkv_bias=None if b[0] is None else torch.cat(b).to(self.compute_dtype),
+                            q_norm=vector("attn_q_norm", i), k_norm=vector("attn_k_norm", i), **linears[i])
+                       for i, b in enumerate(biases)]
         self.norm = vector("output_norm")
         self.vocab_size = self.head.out_features
         inv_freq = 1.0 / (hyper.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
@@ -154,15 +164,16 @@ class NativeLlama:
         return dtype if dtype in NativeLlama.QUANTISED else None
 
     def _layer_pointers(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The layers' weights as the C kernels' decode_layers takes them: ([layers, 10] int64
+        """The layers' weights as the C kernels' decode_layers takes them: ([layers, 13] int64
         addresses of tensors this model holds, [layers, 4] int32 product kinds), where every product
         is one the C layers run (`kernels.PRODUCTS`) with float32 activations; else None."""
         if not isinstance(self.kernels, CKernels) or self.compute_dtype != torch.float32:
             return None
         pointers, kinds = [], []
         for b in self.blocks:
-            linears = [b[n] for n in ("qkv", "o", "gate_up", "down")]
-            layer = [b["attn_norm"].data_ptr(), b["mlp_norm"].data_ptr()]
+            linears = [b[n] for n in PRODUCT_NAMES]
+            layer = [b["attn_norm"].data_ptr(), b["mlp_norm"].data_ptr()] + [
+                0 if b[n] is None else b[n].data_ptr() for n in ("qkv_bias", "q_norm", "k_norm")]
             for m in linears:
                 if isinstance(m, Int4Linear) and m.kind in PRODUCTS:
                     layer += [m.packed.data_ptr(), m.coef.data_ptr()]
@@ -370,7 +381,7 @@ class NativeLlama:
             start += s.rows
         for i, b in enumerate(self.blocks):
             products = self.prefill_products[i] if prefill and self.prefill_products else b
-            qkv = products["qkv"](self.kernels.rms_norm(x, b["attn_norm"], self.eps))  # [T, (H + 2 Hkv) hd]
+            qkv = self._qkv_extras(products["qkv"](self.kernels.rms_norm(x, b["attn_norm"], self.eps)), b)
             parts = []
             for s, (lo, hi, p0) in zip(segments, bounds):
                 keys, values = s.cache.layer_k[i], s.cache.layer_v[i]  # [Hkv, P, hd]
@@ -385,6 +396,19 @@ class NativeLlama:
             gate_up = products["gate_up"](self.kernels.rms_norm(x, b["mlp_norm"], self.eps))  # [T, 2 I]
             x = x + products["down"](self.kernels.silu_mul(gate_up))
         return x
+
+    def _qkv_extras(self, qkv: torch.Tensor, block: dict) -> torch.Tensor:
+        """qkv [T, (H + 2 Hkv) hd] with the layer's bias added and each head's q and k normed, where the
+        architecture has them (the C decode layers do the same, in the same order)."""
+        if block["qkv_bias"] is not None:
+            qkv = qkv + block["qkv_bias"]
+        if block["q_norm"] is not None:
+            T, (H, Hkv, hd) = qkv.shape[0], (self.heads, self.kv_heads, self.head_dim)
+            q, k, v = qkv.split([H * hd, Hkv * hd, Hkv * hd], dim=1)
+            q = self.kernels.rms_norm(q.reshape(T * H, hd), block["q_norm"], self.eps).view(T, H * hd)
+            k = self.kernels.rms_norm(k.reshape(T * Hkv, hd), block["k_norm"], self.eps).view(T, Hkv * hd)
+            qkv = torch.cat([q, k, v], dim=1)
+        return qkv
 
     def _attend_block(self, q: torch.Tensor, layer: int, cache: NativeCache, p0: int) -> torch.Tensor:
         """A prefill chunk's queries at once, causally: q [T, H, hd] -> [T, H hd]."""

@@ -22,8 +22,10 @@ import torch
 
 GROUP = 32  # inputs a scale covers in Q4_0, Q4_1 and Q8_0 blocks
 
-# general.architecture values the native model runs, and the transformers model_type of each
-ARCHITECTURES = {"llama": "llama", "mistral": "llama"}
+# general.architecture values the native model runs: llama (Mistral 7B's files name it too; llama.cpp's
+# converter interleaves its q and k rows for its RoPE, undone here), qwen2 (biases on q, k, v) and
+# qwen3 (an RMSNorm on each head's q and k before RoPE)
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
 
 class Groups4(NamedTuple):
@@ -141,10 +143,15 @@ class DirectorySource:
 
         return AutoTokenizer.from_pretrained(self.directory)
 
+    def bias(self, name: str, layer: int) -> torch.Tensor | None:
+        return None  # a Llama has none
+
     def weight(self, name: str, layer: int | None = None) -> Weight | None:
         """A tensor by llama.cpp's name (None where the model has none, e.g. a tied `output`)."""
-        hf = f"model.layers.{layer}.{LAYER_TENSORS[name]}" if layer is not None else GLOBAL_TENSORS[name]
-        return self._tensors.get(hf + ".weight")
+        hf = (LAYER_TENSORS.get(name) if layer is not None else GLOBAL_TENSORS.get(name))
+        if hf is None:
+            return None
+        return self._tensors.get((f"model.layers.{layer}.{hf}" if layer is not None else hf) + ".weight")
 
     def close(self) -> None:
         self._tensors = {}
@@ -261,7 +268,7 @@ class GGUFSource:
         self.architecture = self._field("general.architecture")
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"the native backend runs the {', '.join(ARCHITECTURES)} architectures; "
-                             f"{self.path.name} is {self.architecture!r}")
+                             f"{self.path.name} is {self.architecture!r} (--backend llama.cpp runs it)")
         a = self.architecture
         heads = self._field(f"{a}.attention.head_count")
         dim = self._field(f"{a}.embedding_length")
@@ -292,14 +299,19 @@ class GGUFSource:
 
         return gguf_tokenizer(self.path)
 
+    def bias(self, name: str, layer: int) -> torch.Tensor | None:
+        """A layer tensor's bias (Qwen2's q, k, v), float32; None where it has none."""
+        tensor = self._tensors.get(f"blk.{layer}.{name}.bias")
+        return None if tensor is None else as_float(_read(tensor)).float()
+
     def weight(self, name: str, layer: int | None = None) -> Weight | None:
         """A tensor by its name in the file (`blk.{layer}.` before a layer's), as groups or float;
-        None where the file has none (a tied `output`)."""
+        None where the file has none (a tied `output`, a norm the architecture lacks)."""
         tensor = self._tensors.get(f"blk.{layer}.{name}.weight" if layer is not None else f"{name}.weight")
         if tensor is None:
             return None
         weight = _read(tensor)
-        if name in ("attn_q", "attn_k") and self.architecture in ("llama", "mistral"):
+        if name in ("attn_q", "attn_k") and self.architecture == "llama":
             order = _un_permute(weight_rows(weight), self.hyper.heads if name == "attn_q" else self.hyper.kv_heads)
             weight = type(weight)(*(f[order] for f in weight)) if not isinstance(weight, torch.Tensor) else weight[order]
         return weight

@@ -103,8 +103,9 @@ int q6q8_matmul(const float *x, const uint8_t *q, const float *scales, float *y,
 /* The products decode_layers runs, by kind: the entry points above */
 enum { PRODUCT_Q4F, PRODUCT_Q4Q8, PRODUCT_Q4WQ8, PRODUCT_Q8, PRODUCT_Q8Q8, PRODUCT_F32, PRODUCT_Q6Q8 };
 
-/* Every layer of a decode forward: x [rows, dim] float32 updated in place; weights [layers][10]
- * pointers (norms, then each product's q and coef: the enums in layers.c), kinds [layers][4] the
+/* Every layer of a decode forward: x [rows, dim] float32 updated in place; weights [layers][13]
+ * pointers (norms, the q|k|v bias and the q and k norms or NULL, then each product's q and coef: the
+ * enums in layers.c), kinds [layers][4] the
  * PRODUCT_ of q|k|v, o, gate|up and down; segments [count][6] int64 (layers.c); cos, sin [rows,
  * head_dim]. Returns nonzero when out of memory (or given an unknown kind). */
 int decode_layers(float *x, int rows, const void *const *weights, const int32_t *kinds, int layers,

@@ -15,7 +15,10 @@
  * computed exactly as attend_f32 computes it). x [rows, dim] float32, the residual stream, the
  * segments' rows in turn, updated in place; weights: LAYER_POINTERS per layer (the enum below);
  * cos, sin [rows, head_dim] of the rows' positions. */
-enum { ATTN_NORM, MLP_NORM, QKV, QKV_COEF, O, O_COEF, GATE_UP, GATE_UP_COEF, DOWN, DOWN_COEF, LAYER_POINTERS };
+enum {
+    ATTN_NORM, MLP_NORM, QKV_BIAS, Q_NORM, K_NORM, /* the three: NULL where the architecture has none */
+    QKV, QKV_COEF, O, O_COEF, GATE_UP, GATE_UP_COEF, DOWN, DOWN_COEF, LAYER_POINTERS
+};
 enum { SEG_ROWS, SEG_K, SEG_V, SEG_POSITIONS, SEG_FIRST, SEG_PARENTS, SEGMENT_FIELDS };
 
 typedef struct {
@@ -84,6 +87,15 @@ int decode_layers(float *x, int rows, const void *const *weights, const int32_t 
         const int32_t *kind = kinds + (long)l * 4;
         rms_norm_f32(x, w[ATTN_NORM], h, rows, dim, eps);
         failed |= product(kind[0], h, w[QKV], w[QKV_COEF], qkv, rows, dim, width, threads);
+        if (w[QKV_BIAS]) /* Qwen2 */
+            for (long r = 0; r < n; r++)
+                for (int i = 0; i < width; i++) qkv[r * width + i] += ((const float *)w[QKV_BIAS])[i];
+        if (w[Q_NORM]) /* Qwen3: each head's q and k normed (rows of head_dim), in place */
+            for (long r = 0; r < n; r++) {
+                float *row = qkv + r * width;
+                rms_norm_f32(row, w[Q_NORM], row, heads, head_dim, eps);
+                rms_norm_f32(row + heads * head_dim, w[K_NORM], row + heads * head_dim, kv_heads, head_dim, eps);
+            }
         for (int s = 0, r = 0; s < count; s++) {
             const int64_t *seg = segments + (long)s * SEGMENT_FIELDS;
             long kv_stride = att[s].kv_stride, layer_stride = kv_stride * kv_heads;
