@@ -4,7 +4,7 @@ needs it; in bf16 a batched forward can flip near-ties, see README)."""
 import pytest
 import torch
 
-from specdecode import (ModelDrafter, autoregressive_decode, encode_prompt,
+from specdecode import (ModelDrafter, PromptLookupDrafter, autoregressive_decode, encode_prompt,
                         speculative_decode)
 from specdecode.models.hf import HFModel
 from realmodel import GREEDY, lookup_and_plain_greedy, tokens_of
@@ -110,3 +110,21 @@ def test_greedy_with_the_trained_draft_equals_plain_greedy(target, trained_draft
     # The trained weights, not a random network (which is almost never accepted): drafts pay off.
     assert sum(s.num_accepted for s in steps) >= 0.1 * sum(len(s.proposed) for s in steps)
     assert len(steps) <= 0.85 * len(expected)
+
+
+def test_a_sliding_window_cache_rolls_back_past_its_window(target):
+    """Gemma 3's sliding-window layers (window 4 here) must undo rejected drafts after the window is
+    full: greedy speculative output equals plain greedy output on a tiny random Gemma 3 (float32)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=target.model.config.vocab_size, hidden_size=64, intermediate_size=128,
+                              num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                              sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+                              max_position_embeddings=256)
+    model = HFModel(Gemma3ForCausalLM(config).float(), target.tokenizer, "tiny-gemma3")
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12] * 3  # repeated: prompt lookup proposes, some get rejected
+    plain = tokens_of(autoregressive_decode(model, prompt, params=GREEDY, max_new_tokens=24))
+    steps = list(speculative_decode(model, PromptLookupDrafter(), prompt, gamma=3, params=GREEDY, max_new_tokens=24))
+    assert tokens_of(steps) == plain
+    assert any(s.num_accepted < len(s.proposed) for s in steps)  # rolled back past a full window

@@ -33,7 +33,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from importlib.metadata import PackageNotFoundError, version
 
     from ..models.files import cache_root
-    from ..models.load import load_model
+    from ..models.load import auto_backend, load_model
     from ..models.native.plan import cpu_flags, cpu_name, kernel_plan, runnable_paths
 
     use_kernels(args.kernels)
@@ -52,7 +52,8 @@ def cmd_info(args: argparse.Namespace) -> int:
                   kernel_paths=runnable_paths(), kernel_plan=dict(path=plan.path, isa=plan.isa, reason=plan.reason,
                                                                    library=plan.library),
                   versions=versions, model=target.name, backend=getattr(target, "backend", "hf"),
-                  backend_reason=choice.reason if choice else f"--backend {args.backend}",
+                  backend_reason=choice.reason if choice else (
+                      auto_backend(args.target, args.device)[1] if args.backend == "auto" else f"--backend {args.backend}"),
                   measured={name: dict(step_ms=choice.step_ms[name], verify_8=choice.verify_8[name],
                                        predicted_tokens_per_second=choice.rates[name]) for name in choice.rates}
                   if choice else {}, cache=str(cache_root()))

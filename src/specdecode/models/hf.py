@@ -20,8 +20,10 @@ class HFCache:
         from transformers import DynamicCache
 
         self.inner = DynamicCache(config=config)
-        if not self.inner.is_croppable and hasattr(self.inner, "activate_past_recording"):
-            self.inner.activate_past_recording()  # sliding-window layers keep what a rollback needs
+        # sliding-window layers (Gemma 3's, Mistral's) keep what a rollback needs only when asked to
+        for layer in [self.inner, *getattr(self.inner, "layers", ())]:
+            if hasattr(layer, "activate_past_recording"):
+                layer.activate_past_recording()
         if not self.inner.is_croppable:
             raise ValueError(
                 f"the KV cache of this model ({type(config).__name__}) cannot be rolled back, "

@@ -17,26 +17,34 @@ def resolve_backend(path: str | None, backend: str = "auto", device: str | None 
     """The concrete backend "auto" stands for on this model and device: on the CPU the native backend
     for an architecture it runs; for any other GGUF file llama.cpp where it is installed; else
     transformers."""
-    if backend != "auto":
-        return backend
+    return backend if backend != "auto" else auto_backend(path, device)[0]
+
+
+def auto_backend(path: str | None, device: str | None = None) -> tuple[str, str]:
+    """(the backend --backend auto picks before any measurement, why) for this model and device."""
     from .default import default_target_path
     from .draftnet import is_draftnet
     from .native.source import ARCHITECTURES, gguf_architecture
 
     path = Path(path or default_target_path()).expanduser()
     if is_draftnet(path) or not path.exists():
-        return "hf"  # a draft network loads the same way whatever the backend; a bad path errors there
+        return "hf", "--backend auto"  # a draft network loads the same way whatever the backend; a bad path errors there
     import torch
 
     on_cpu = device == "cpu" or (device is None and not torch.cuda.is_available())
     if path.is_file() and path.suffix == ".gguf":
         architecture = gguf_architecture(path)
         if architecture in ARCHITECTURES and on_cpu:
-            return "native"
-        return "llama.cpp" if on_cpu and _llamacpp_runs(path) else "hf"
+            return "native", f"--backend auto: a {architecture} GGUF on the CPU"
+        if on_cpu and _llamacpp_runs(path):
+            return "llama.cpp", (f"--backend auto: the native backend does not run the {architecture} "
+                                 f"architecture, llama.cpp does")
+        return "hf", "--backend auto"
     config = path / "config.json"
     model_type = json.loads(config.read_text()).get("model_type") if config.exists() else None
-    return "native" if model_type == "llama" and on_cpu else "hf"
+    if model_type == "llama" and on_cpu:
+        return "native", "--backend auto: a Llama directory on the CPU"
+    return "hf", "--backend auto"
 
 
 def load_model(path: str | None = None, backend: str = "auto", dtype: str = "auto", device: str | None = None,
