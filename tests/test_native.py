@@ -296,3 +296,26 @@ def test_lookup_drafts_are_accepted_on_a_copy_prompt(native):
     steps, plain = lookup_and_plain_greedy(native, gamma=4, max_new_tokens=32)
     assert tokens_of(steps) == plain
     assert sum(s.num_accepted for s in steps) > 0 and len(steps) < 32
+
+
+def test_logprobs_are_the_targets_own_and_the_same_with_and_without_speculation(any_native):
+    """Each token's log-probability (and its top alternatives) comes from the target row that
+    predicted it: with prompt lookup (drafted tokens among them) exactly as in plain decoding, and
+    equal to one forward over the whole text."""
+    from specdecode import PromptLookupDrafter, autoregressive_decode, speculative_decode
+    from specdecode.sampling import SamplingParams
+
+    native, greedy = any_native, SamplingParams(temperature=0)
+    prompt = list(range(3000, 3012)) * 2
+    plain = [lp for s in autoregressive_decode(native, prompt, params=greedy, max_new_tokens=20, logprobs=3)
+             for lp in s.logprobs]
+    steps = list(speculative_decode(native, PromptLookupDrafter(), prompt, gamma=4, params=greedy,
+                                    max_new_tokens=20, logprobs=3))
+    spec = [lp for s in steps for lp in s.logprobs]
+    assert any(s.num_accepted for s in steps)  # drafted tokens are among them
+    assert spec == plain  # token, log-probability and alternatives, bit for bit
+    assert all(lp.top[0][0] == lp.token and len(lp.top) == 3 for lp in spec)  # greedy: the best token
+    tokens = [lp.token for lp in spec]
+    whole = torch.log_softmax(native.forward(torch.tensor([prompt + tokens]), native.new_cache())[0].double(), -1)
+    expected = whole[len(prompt) - 1 : -1].gather(1, torch.tensor(tokens)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor([lp.logprob for lp in spec], dtype=torch.float64), expected, atol=1e-3)

@@ -312,7 +312,7 @@ def test_fields_sent_at_their_neutral_value_are_accepted_and_change_nothing(clie
 
 
 @pytest.mark.parametrize("field, value", [
-    ("presence_penalty", 0.5), ("frequency_penalty", -1), ("logprobs", True), ("top_logprobs", 2),
+    ("presence_penalty", 0.5), ("frequency_penalty", -1),
     ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
     ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
     ("tool_choice", "required"), ("store", True), ("logit_bias", {"42": 5}), ("n", 2),
@@ -607,3 +607,47 @@ def test_prompt_rows_reach_the_batch_and_a_bad_value_is_refused_by_name():
         assert engine._batch.prompt_rows == 32
     finally:
         engine.close()
+
+
+def _library_logprobs(prompt_ids: list[int], max_tokens: int, top: int):
+    """The library's greedy plain decoding of the embedded model with each token's log-probabilities."""
+    from specdecode import SamplingParams, autoregressive_decode
+    from specdecode.models.load import load_model
+
+    target = load_model(None)
+    return target, [lp for step in autoregressive_decode(target, prompt_ids, params=SamplingParams(temperature=0),
+                                                         max_new_tokens=max_tokens, logprobs=top)
+                    for lp in step.logprobs]
+
+
+def test_logprobs_through_the_openai_client_equal_the_librarys_plain_decoding(client):
+    """Chat `logprobs: true` with `top_logprobs`, and completions' `logprobs: k` on a token-id prompt
+    (what evaluation tools send), streamed and not: the target's own log-probabilities of the emitted
+    tokens, the same as plain decoding by the library (the server speculates with prompt lookup)."""
+    from specdecode.text import encode_chat
+
+    messages = [{"role": "user", "content": QUESTION}]
+    chat = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=12,
+                                          logprobs=True, top_logprobs=3)
+    target, _ = _library_logprobs([1], 1, 0)
+    _, expected = _library_logprobs(encode_chat(target.tokenizer, messages), 12, 3)
+    content = chat.choices[0].logprobs.content
+    assert [c.token for c in content] == [target.tokenizer.decode([e.token]) for e in expected]
+    assert all(abs(c.logprob - e.logprob) < 1e-6 and len(c.top_logprobs) == 3 for c, e in zip(content, expected))
+    assert "".join(c.token for c in content) == chat.choices[0].message.content
+    streamed = [lp for chunk in client.chat.completions.create(model=MODEL, messages=messages, temperature=0,
+                                                                max_tokens=12, logprobs=True, top_logprobs=3,
+                                                                stream=True)
+                if chunk.choices and chunk.choices[0].logprobs for lp in chunk.choices[0].logprobs.content]
+    assert [(c.token, c.logprob) for c in streamed] == [(c.token, c.logprob) for c in content]
+
+    prompt = target.tokenizer.encode("The bridge closed on Monday. The bridge")
+    completion = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=8, logprobs=0)
+    _, expected = _library_logprobs(prompt, 8, 0)
+    got = completion.choices[0].logprobs
+    assert all(abs(a - e.logprob) < 1e-6 for a, e in zip(got.token_logprobs, expected)) and len(got.tokens) == 8
+    assert got.text_offset[0] == 0 and got.top_logprobs == [{}] * 8
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, top_logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, logprobs=21)

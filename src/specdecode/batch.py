@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from .decode import Decoding, check_request
+from .decode import Decoding, check_logprobs, check_request
 from .drafters.base import Drafter
 from .drafters.lookup import PromptLookupDrafter
 from .gamma import AUTO, AdaptiveGamma, GammaPolicy, as_policy, plan_batch
@@ -49,6 +49,7 @@ class BatchRequest:
     lenience: float
     seed: int | None
     stop: tuple[str, ...]
+    logprobs: int | None = None  # alternatives each token's log-probability lists (None: none)
     id: int = 0
     stats: Stats = field(default_factory=Stats)
     text: str = ""  # the text handed out so far
@@ -96,7 +97,8 @@ class Batch:
 
     def submit(self, prompt_ids: Sequence[int], drafter: Drafter | None = None, *, gamma: int | str = AUTO,
                params: SamplingParams = SamplingParams(), max_new_tokens: int = 128, lenience: float = 1.0,
-               seed: int | None = None, stop: Sequence[str] = (), stats: Stats | None = None) -> BatchRequest:
+               seed: int | None = None, stop: Sequence[str] = (), stats: Stats | None = None,
+               logprobs: int | None = None) -> BatchRequest:
         """Queue a request (plain decoding when `drafter` is None); bad settings raise ValueError here.
         `stats`: filled in as the request decodes (a fresh one by default)."""
         prompt_ids = list(prompt_ids)
@@ -107,7 +109,8 @@ class Batch:
         if gamma != AUTO:
             as_policy(gamma)  # checks it
         request = BatchRequest(prompt_ids, drafter, gamma, params, max_new_tokens, lenience, seed,
-                               check_stop(stop), id=next(self._ids), stats=Stats() if stats is None else stats)
+                               check_stop(stop), check_logprobs(logprobs), id=next(self._ids),
+                               stats=Stats() if stats is None else stats)
         request.started = self.clock()
         self.waiting.append(request)
         return request
@@ -164,7 +167,7 @@ class Batch:
                      if getattr(self.target, "backend", None) == "native" else None)
             r.decoding = Decoding(self.target, r.drafter, r.prompt_ids, gamma=self._policy(r.gamma), params=r.params,
                                   max_new_tokens=r.max_new_tokens, lenience=r.lenience, seed=r.seed, cache=cache,
-                                  clock=self.clock)
+                                  clock=self.clock, logprobs=r.logprobs)
             if self.prefixes is not None:  # a shared prefix of the prompt, computed once already
                 self.prefixes.fill(r.prompt_ids, cache)
         except Exception as err:  # noqa: BLE001  (a request that cannot start fails alone)

@@ -27,6 +27,19 @@ from .sampling import SamplingParams, draw, make_generator
 from .verify import verify_draft
 
 
+MAX_TOP_LOGPROBS = 20  # alternatives a token's log-probability may list (OpenAI's limit)
+
+
+class TokenLogprob(NamedTuple):
+    """An emitted token's log-probability under the target's own distribution at its position (the
+    raw logits' log-softmax: no temperature, top-k or top-p), and the `top` most likely tokens there,
+    (token, log-probability) best first. The same whether the token came from the draft or not."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
 @dataclass
 class Step:
     """What one target call produced."""
@@ -45,6 +58,7 @@ class Step:
     # what the cost model expected of this call when it planned it: (tokens, cost in one-token
     # steps); None for the prefill and for calls it did not plan (a fixed gamma, a batch's plan)
     forecast: tuple[float, float] | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token, where the decoding was asked for them
 
     @property
     def from_draft(self) -> list[bool]:
@@ -70,6 +84,24 @@ class _Pending(NamedTuple):
     unseen: int  # context tokens fed before the draft (the newest one; the prompt on the prefill)
     cache_length: int  # the cache's length before the call
     forecast: tuple[float, float] | None
+
+
+def check_logprobs(logprobs: int | None) -> int | None:
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                 or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+        raise ValueError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] or None, got {logprobs!r}")
+    return logprobs
+
+
+def token_logprobs(logits: torch.Tensor, new: list[int], path: list[int] | None, top: int) -> list[TokenLogprob]:
+    """Each emitted token's log-probability and the `top` alternatives, from the row of `logits`
+    [1, g+1, V] that predicted it: row j for a chain's token j; for a tree row 0, then the rows of the
+    kept path's nodes (node i's is 1 + i). Float64 log-softmax of the row as the target gave it."""
+    rows = list(range(len(new))) if path is None else [0, *(1 + i for i in path)][: len(new)]
+    table = torch.log_softmax(logits[0, rows].double(), dim=-1)  # [len(new), V]
+    chosen = table.gather(1, torch.tensor(new, device=table.device)[:, None])[:, 0].tolist()
+    values, ids = table.topk(top, dim=-1) if top else (table[:, :0], table[:, :0].long())
+    return [TokenLogprob(t, lp, list(zip(i, v))) for t, lp, i, v in zip(new, chosen, ids.tolist(), values.tolist())]
 
 
 def check_request(model: Model, prompt: Sequence[int], max_new_tokens: int) -> None:
@@ -105,16 +137,19 @@ def speculative_decode(
     generator: torch.Generator | None = None,
     eos_token_ids: Sequence[int] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    logprobs: int | None = None,
 ) -> Iterator[Step]:
     """Speculative decoding (Algorithm 1): each iteration drafts up to gamma tokens and verifies
     them in one target call, yielding 1..gamma+1 tokens distributed exactly as the target's own
     samples (for lenience = 1). `gamma` is a fixed draft length, a policy (`gamma.AdaptiveGamma`)
     that plans one per iteration, or "auto" (the default): an adaptive policy fed by the target's
     measured verification cost, so speculation turns itself down where verifying is costly. `clock`
-    times the drafting and the target calls that the policy learns from (tests pass a simulated one)."""
+    times the drafting and the target calls that the policy learns from (tests pass a simulated one).
+    `logprobs`: each step carries its tokens' log-probabilities with that many alternatives (None:
+    none; see `TokenLogprob`)."""
     decoding = Decoding(target, drafter, prompt, gamma=gamma, params=params, max_new_tokens=max_new_tokens,
                         lenience=lenience, seed=seed, generator=generator, eos_token_ids=eos_token_ids,
-                        clock=clock)
+                        clock=clock, logprobs=logprobs)
     while True:
         call = decoding.prepare()
         logits = forward_batch(target, [call])[0]
@@ -137,11 +172,13 @@ class Decoding:
                  gamma: int | str | GammaPolicy = "auto", params: SamplingParams = SamplingParams(),
                  max_new_tokens: int = 128, lenience: float = 1.0, seed: int | None = None,
                  generator: torch.Generator | None = None, eos_token_ids: Sequence[int] | None = None,
-                 cache=None, clock: Callable[[], float] = time.perf_counter) -> None:
+                 cache=None, clock: Callable[[], float] = time.perf_counter, logprobs: int | None = None) -> None:
         """`cache`: the target cache to decode in (a new one by default); it may already hold a prefix
         of the prompt, computed exactly as this prompt's own (`prefix.PrefixCache`). `clock`: seconds,
-        for the step timings the gamma policy learns from."""
+        for the step timings the gamma policy learns from. `logprobs`: each Step carries its tokens'
+        log-probabilities with that many alternatives (0..MAX_TOP_LOGPROBS; None: none)."""
         check_request(target, prompt, max_new_tokens)
+        self.logprobs = check_logprobs(logprobs)
         check_lenience(lenience)
         check_drafter(drafter)
         if drafter.vocab is not None:
@@ -263,7 +300,9 @@ class Decoding:
         self.finished = finish is not None
         return Step(tokens=new, num_accepted=min(n, len(new)), proposed=draft.tokens[0].tolist(), betas=betas,
                     draft_seconds=t1 - t0, target_seconds=t2 - began, finish_reason=finish,
-                    tree=draft.parents is not None, forecast=forecast)
+                    tree=draft.parents is not None, forecast=forecast,
+                    logprobs=None if self.logprobs is None else token_logprobs(logits, new, outcome.path,
+                                                                               self.logprobs))
 
 
 def autoregressive_decode(
@@ -275,9 +314,12 @@ def autoregressive_decode(
     seed: int | None = None,
     generator: torch.Generator | None = None,
     eos_token_ids: Sequence[int] | None = None,
+    logprobs: int | None = None,
 ) -> Iterator[Step]:
-    """The baseline: one target call per token, through the same model interface."""
+    """The baseline: one target call per token, through the same model interface (`logprobs` as for
+    `speculative_decode`)."""
     check_request(target, prompt, max_new_tokens)
+    check_logprobs(logprobs)
     eos = frozenset(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
     gen = make_generator(seed, generator, target.device)
     limit = target.max_positions
@@ -291,7 +333,8 @@ def autoregressive_decode(
         t1 = time.perf_counter()
         new, finish = _finish([token], emitted, max_new_tokens, eos, (limit - length) if limit else None)
         length += 1
-        yield Step(tokens=new, num_accepted=0, target_seconds=t1 - t0, finish_reason=finish)
+        yield Step(tokens=new, num_accepted=0, target_seconds=t1 - t0, finish_reason=finish,
+                   logprobs=None if logprobs is None else token_logprobs(logits, new, None, logprobs))
         if finish:
             return
         tokens = torch.tensor([[token]])

@@ -235,8 +235,37 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
         return _usage(len(job.prompt_ids), job.stats, req.draft or engine.default_draft, gamma,
                       engine.max_gamma if gamma == "auto" else gamma)
 
+    def token_text(token: int) -> str:
+        return target.tokenizer.decode([token])
+
+    def logprobs_of(kind: str, entries: list, offset: int = 0) -> dict | None:
+        """OpenAI's logprobs object for these tokens (`decode.TokenLogprob`s): chat's content list,
+        or completions' parallel lists (text offsets from `offset`)."""
+        if kind == "chat":
+            def entry(token: int, logprob: float) -> dict:
+                text = token_text(token)
+                return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+            return {"content": [{**entry(e.token, e.logprob), "top_logprobs": [entry(t, v) for t, v in e.top]}
+                                for e in entries]}
+        texts = [token_text(e.token) for e in entries]
+        offsets = [offset + sum(len(t) for t in texts[:i]) for i in range(len(texts))]
+        return {"tokens": texts, "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [{token_text(t): v for t, v in e.top} for e in entries], "text_offset": offsets}
+
+    def kept(entries: list, text: str, finish: str) -> list:
+        """The tokens whose text the reply shows: at a stop string, none past it."""
+        if finish != "stop":
+            return entries
+        shown, length = [], 0
+        for e in entries:
+            if length >= len(text):
+                break
+            shown.append(e)
+            length += len(token_text(e.token))
+        return shown
+
     async def collect(job: Job, request: HTTPRequest, kind: str) -> dict | None:
-        pieces = []
+        pieces, entries = [], []
         try:
             while True:
                 try:
@@ -248,6 +277,7 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
                     continue
                 if event == "piece":
                     pieces.append(value.accepted_text + value.target_text)
+                    entries += value.step.logprobs or []
                 elif event == "error":
                     raise generation_failed(job, value)
                 else:
@@ -255,20 +285,28 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
         finally:
             job.cancelled.set()  # a no-op once done; stops the generation if this handler was cancelled
         text, finish = "".join(pieces), FINISH[job.stats.finish_reason]
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-                  if kind == "chat" else {"index": 0, "text": text, "finish_reason": finish, "logprobs": None})
+        logprobs = (None if job.request.logprobs is None
+                    else logprobs_of(kind, kept(entries, text, job.stats.finish_reason)))
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
+                   "logprobs": logprobs}
+                  if kind == "chat" else {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs})
         return {**envelope(kind, new_id(kind), False), "choices": [choice], "usage": usage(job)}
 
     async def stream(job: Job, kind: str):
         rid = new_id(kind)
 
-        def chunk(text: str | None, finish: str | None = None, role: bool = False, **extra) -> str:
+        def chunk(text: str | None, finish: str | None = None, role: bool = False, logprobs: dict | None = None,
+                  **extra) -> str:
             if kind == "chat":
                 delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
                 choice = {"index": 0, "delta": delta, "finish_reason": finish}
+                if logprobs is not None:
+                    choice["logprobs"] = logprobs
             else:
-                choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+                choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
             return "data: " + json.dumps({**envelope(kind, rid, True), "choices": [choice], **extra}) + "\n\n"
+
+        shown = 0  # characters streamed so far (completions' text offsets)
 
         try:
             if kind == "chat":
@@ -277,8 +315,12 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
                 event, value = await job.events.get()
                 if event == "piece":
                     text = value.accepted_text + value.target_text
-                    if text:
-                        yield chunk(text)
+                    entries = value.step.logprobs if job.request.logprobs is not None else None
+                    if entries and value.finish_reason == "stop":
+                        entries = kept(entries, text, "stop")
+                    if text or entries:
+                        yield chunk(text, logprobs=None if not entries else logprobs_of(kind, entries, shown))
+                    shown += len(text)
                 elif event == "error":
                     yield "data: " + json.dumps(generation_failed(job, value).body()) + "\n\n"
                     break

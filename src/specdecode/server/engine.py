@@ -146,7 +146,7 @@ class Engine:
             drafter = self._factories[request.draft or self.default_draft]()
             r = self._batch.submit(job.prompt_ids, drafter, gamma=self.gamma if request.gamma is None else request.gamma,
                                    params=request.params, max_new_tokens=request.max_tokens, lenience=request.lenience,
-                                   seed=request.seed, stop=request.stop, stats=job.stats)
+                                   seed=request.seed, stop=request.stop, stats=job.stats, logprobs=request.logprobs)
         except Exception as err:  # a request that cannot start fails alone
             job.emit("error", f"generation failed: {type(err).__name__}: {err}")
             self._end(None, job)

@@ -5,7 +5,7 @@ under the `specdecode` extension object.
      "top_p": 1, "stop": ["\\n\\n"], "seed": 1, "stream": true, "n": 1,
      "specdecode": {"draft": "lookup", "gamma": 4 | "auto", "top_k": 0, "lenience": 1.0}}
 
-OpenAI fields the server cannot honour (penalties, logprobs, tools, response formats, ...) are
+OpenAI fields the server cannot honour (penalties, echo, tools, response formats, ...) are
 accepted at their neutral value, which is what many clients send, and refused by name otherwise.
 
 Every problem becomes a `RequestError` carrying the HTTP status and OpenAI's error fields
@@ -20,6 +20,7 @@ from typing import Any
 
 from ..checks import check_lenience
 from ..sampling import SamplingParams
+from ..decode import MAX_TOP_LOGPROBS
 
 EXTENSION = "specdecode"
 ROLES = ("system", "developer", "user", "assistant")  # developer: OpenAI's newer name for system
@@ -34,8 +35,6 @@ def _zero(value) -> bool:
 NEUTRAL = {
     "presence_penalty": (_zero, "0"),
     "frequency_penalty": (_zero, "0"),
-    "logprobs": (lambda v: v is False, "false"),
-    "top_logprobs": (_zero, "0"),
     "logit_bias": (lambda v: v == {}, "{}"),
     "response_format": (lambda v: v == {"type": "text"}, '{"type": "text"}'),
     "tools": (lambda v: v == [], "[]"),
@@ -56,8 +55,8 @@ HARMLESS = {"user": (str, "a string"), "metadata": (dict, "an object"), "paralle
             "service_tier": (str, "a string"), "prompt_cache_key": (str, "a string"),
             "safety_identifier": (str, "a string")}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "stream", "stream_options", "n",
-          EXTENSION} | set(NEUTRAL) | set(HARMLESS)
-FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens"}, "completion": COMMON | {"prompt"}}
+          "logprobs", EXTENSION} | set(NEUTRAL) | set(HARMLESS)
+FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"}, "completion": COMMON | {"prompt"}}
 EXTENSION_FIELDS = {"draft", "gamma", "top_k", "lenience"}
 
 
@@ -97,6 +96,7 @@ class Request:
     draft: str | None = None  # None: the server's default drafter
     gamma: int | str | None = None  # None: the server's default
     lenience: float = 1.0
+    logprobs: int | None = None  # each token's log-probability with this many alternatives; None: none
 
 
 def _bad(message: str, param: str | None, code: str | None = None) -> RequestError:
@@ -181,6 +181,22 @@ def _prompt(body: dict) -> str | tuple[int, ...]:
     if not prompt.strip():
         raise _bad("'prompt' is empty", "prompt", "invalid_value")
     return prompt
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    """The alternatives each token's log-probability lists, or None for no log-probabilities: chat's
+    `logprobs: true` with `top_logprobs` 0..20; completions' `logprobs: k`, k in 0..20."""
+    value = body.get("logprobs")
+    if kind == "completion":
+        return None if value is None else _integer(value, "logprobs", 0, MAX_TOP_LOGPROBS)
+    if value is not None and not isinstance(value, bool):
+        raise _bad("'logprobs' must be a boolean", "logprobs", "invalid_type")
+    top = body.get("top_logprobs")
+    if top is not None:
+        top = _integer(top, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+        if top and not value:
+            raise _bad("'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value")
+    return (top or 0) if value else None
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -279,4 +295,5 @@ def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
         params=SamplingParams(temperature=temperature, top_p=top_p, top_k=ext.get("top_k", 0)),
         stop=_stop(body), seed=seed, stream=stream, include_usage=stream and include_usage,
         draft=ext.get("draft"), gamma=ext.get("gamma"), lenience=ext.get("lenience", 1.0),
+        logprobs=_logprobs(body, kind),
     )
