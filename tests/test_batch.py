@@ -8,7 +8,7 @@ import pytest
 
 from specdecode import ModelDrafter, PromptLookupDrafter, SamplingParams, speculative_decode
 from specdecode.batch import Batch, generate_batch
-from specdecode.gamma import AdaptiveGamma, FixedGamma, plan_batch
+from specdecode.gamma import AdaptiveGamma, FixedGamma, draft_lengths
 from stats import chi2_pvalue
 from test_generate import LetterTokenizer
 from toy import ToyModel, sequence_distribution
@@ -146,25 +146,25 @@ def test_generate_batch_takes_per_prompt_settings():
         generate_batch(target, prompts, seed=[1, 2])
 
 
-def test_plan_batch_drafts_less_as_the_batch_fills():
+def test_batch_draft_lengths_shrink_as_the_batch_fills():
     """Under a curve that turns compute-bound, a lone request drafts long, a full batch drafts little
     or nothing; a poorly accepted request gets fewer tokens than a well accepted one."""
     curve = lambda k: 1.0 + 0.15 * (k - 1) if k <= 8 else 2.05 + 0.9 * (k - 8)  # noqa: E731
     good = adaptive()
     good.alpha = 0.9
-    alone_plan = plan_batch([good], [10], curve)[0]
+    alone_plan = draft_lengths([good], [10], curve)[0]
     assert alone_plan == 4  # max_gamma: every row is nearly free
     many = [adaptive() for _ in range(16)]
     for p in many:
         p.alpha = 0.9
-    assert sum(plan_batch(many, [10] * 16, curve)) == 0  # 16 rows are past the knee already
+    assert sum(draft_lengths(many, [10] * 16, curve)) == 0  # 16 rows are past the knee already
     poor, rich = adaptive(), adaptive()
     poor.alpha, rich.alpha = 0.2, 0.9
-    g_poor, g_rich = plan_batch([poor, rich, *[adaptive() for _ in range(2)]], [10] * 4, curve)[:2]
+    g_poor, g_rich = draft_lengths([poor, rich, *[adaptive() for _ in range(2)]], [10] * 4, curve)[:2]
     assert g_rich > g_poor
-    fixed = plan_batch([FixedGamma(3), good], [10, 10], curve)
+    fixed = draft_lengths([FixedGamma(3), good], [10, 10], curve)
     assert fixed[0] is None and fixed[1] >= 1
-    assert plan_batch([good], [0], curve) == [0]  # no room: no draft
+    assert draft_lengths([good], [0], curve) == [0]  # no room: no draft
 
 
 @pytest.mark.statistical

@@ -298,6 +298,7 @@ def test_lookup_drafts_are_accepted_on_a_copy_prompt(native):
     assert sum(s.num_accepted for s in steps) > 0 and len(steps) < 32
 
 
+@pytest.mark.slow
 def test_logprobs_are_the_targets_own_and_the_same_with_and_without_speculation(any_native):
     """Each token's log-probability (and its top alternatives) comes from the target row that
     predicted it: with prompt lookup (drafted tokens among them) exactly as in plain decoding, and

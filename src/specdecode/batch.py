@@ -8,7 +8,7 @@ and a `text.TextPieces`. A step
    tokens join the decode forward (after the longest prefix reused from recent prompts,
    `prefix.PrefixCache`); elsewhere one `PREFILL_CHUNK` of one prompt runs apart. Either way a long
    prompt never stalls the requests already decoding for long;
-3. plans the draft length of every decoding request together (`gamma.plan_batch`: the cost model
+3. plans the draft length of every decoding request together (`gamma.draft_lengths`: the cost model
    of `--gamma auto` over the batch's rows, so speculation shrinks and stops as the batch fills);
 4. runs their target calls in ONE forward (`models.base.forward_batch`), then verifies each.
 
@@ -28,8 +28,8 @@ from typing import Callable, Iterator, Sequence
 from .decode import Decoding, check_logprobs, check_request
 from .drafters.base import Drafter
 from .drafters.lookup import PromptLookupDrafter
-from .gamma import AUTO, AdaptiveGamma, GammaPolicy, as_policy, plan_batch
-from .models.base import ForwardCall, forward_batch
+from .gamma import AUTO, AdaptiveGamma, GammaPolicy, as_policy, draft_lengths
+from .models.base import ForwardCall, capabilities, forward_batch
 from .checks import check_lenience, check_stop
 from .prefix import PrefixCache
 from .sampling import SamplingParams
@@ -86,8 +86,9 @@ class Batch:
         if not isinstance(prompt_rows, int) or prompt_rows < 1:
             raise ValueError(f"prompt_rows must be an integer >= 1, got {prompt_rows!r}")
         self.max_batch, self.max_gamma, self.prompt_rows = max_batch, max_gamma, prompt_rows
-        self.prefixes = (PrefixCache(prefix_bytes) if prefix_bytes and getattr(target, "row_invariant_prompts", False)
-                         and getattr(target, "backend", None) == "native" else None)
+        self.can = capabilities(target)
+        self.prefixes = (PrefixCache(prefix_bytes) if prefix_bytes and self.can.row_invariant_prompts
+                         and self.can.sized_caches else None)
         self.waiting: list[BatchRequest] = []
         self.active: list[BatchRequest] = []
         self._ids = itertools.count()
@@ -135,7 +136,7 @@ class Batch:
         self.last_forward = None
         while self.waiting and len(self.active) < self.max_batch:
             self._admit(self.waiting.pop(0))
-        if getattr(self.target, "row_invariant_prompts", False):  # prompt pieces join the decode forward
+        if self.can.row_invariant_prompts:  # prompt pieces join the decode forward
             if self.active:
                 self._decode(list(self.active), out)
             return out
@@ -164,7 +165,7 @@ class Batch:
         try:
             positions = len(r.prompt_ids) + r.max_new_tokens
             cache = (self.target.new_cache(positions=min(positions, self.target.max_positions))
-                     if getattr(self.target, "backend", None) == "native" else None)
+                     if self.can.sized_caches else None)
             r.decoding = Decoding(self.target, r.drafter, r.prompt_ids, gamma=self._policy(r.gamma), params=r.params,
                                   max_new_tokens=r.max_new_tokens, lenience=r.lenience, seed=r.seed, cache=cache,
                                   clock=self.clock, logprobs=r.logprobs)
@@ -184,7 +185,7 @@ class Batch:
             if r.id not in self._prefilling:
                 self._prefilling[r.id] = (d.prepare(), 0)  # the prefill call: the whole prompt, no draft
             call, done = self._prefilling[r.id]
-            chunk = getattr(target, "PREFILL_CHUNK", None)
+            chunk = self.can.PREFILL_CHUNK
             started = self.clock()
             if chunk is None or (done == 0 and call.tokens.shape[1] <= chunk):
                 logits = target.forward(call.tokens, d.cache, num_logits=1)
@@ -228,7 +229,7 @@ class Batch:
             auto = next((p for p in policies if isinstance(p, AdaptiveGamma)), None)
             if auto is not None:
                 auto.context_length = sum(len(r.decoding.context) for r in decoding) // len(decoding)
-                gammas = plan_batch(policies, [r.decoding.room for r in decoding], auto.verify_cost, prompt_rows)
+                gammas = draft_lengths(policies, [r.decoding.room for r in decoding], auto.verify_cost, prompt_rows)
         for r, g in zip(decoding, gammas):
             try:
                 calls.append(r.decoding.prepare(g))

@@ -21,7 +21,7 @@ import torch
 
 from .drafters.base import Draft, Drafter, check_drafter
 from .gamma import GammaPolicy, as_policy
-from .models.base import ForwardCall, Model, check_same_vocab, forward_batch
+from .models.base import ForwardCall, Model, capabilities, check_same_vocab, forward_batch
 from .checks import check_lenience, check_max_new_tokens, check_prompt_ids
 from .sampling import SamplingParams, draw, make_generator
 from .verify import verify_draft
@@ -184,7 +184,7 @@ class Decoding:
         if drafter.vocab is not None:
             check_same_vocab(target.vocab, drafter.vocab)
         self.policy = as_policy(gamma, target)  # after the cheap checks: "auto" may measure the target first
-        self.trees = getattr(target, "supports_trees", False)
+        self.trees = capabilities(target).supports_trees
         if not self.trees and drafter.proposes_trees:
             warnings.warn(f"the {getattr(target, 'backend', type(target).__name__)} backend verifies chains only: "
                           "tree drafts are cut to their main chain", RuntimeWarning, stacklevel=3)
@@ -224,7 +224,7 @@ class Decoding:
         if prefill:
             g, shadow = 0, False
         elif gamma is None:
-            g, shadow = policy.plan(room)
+            g, shadow = policy.draft_length(room)
         else:
             g = max(0, min(gamma, room))
             shadow = g == 0 and room > 0 and policy.shadow()

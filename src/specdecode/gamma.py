@@ -1,6 +1,6 @@
 """Gamma policies: how many tokens the draft proposes in each iteration.
 
-The decode loop asks a policy for a plan before every target call (`plan(room)`: a draft length
+The decode loop asks a policy for a plan before every target call (`draft_length(room)`: a draft length
 and whether to score a "shadow" proposal) and tells it what the call showed (`observe`). A fixed
 gamma is the paper's setting; `AdaptiveGamma` re-plans every iteration.
 
@@ -34,7 +34,7 @@ class GammaPolicy(Protocol):
     forecast: tuple[float, float] | None  # what the last plan expects of its call: (tokens, cost in steps)
     sizes_trees: bool  # tree_size cuts a tree by its nodes' estimated reach
 
-    def plan(self, room: int) -> tuple[int, bool]:
+    def draft_length(self, room: int) -> tuple[int, bool]:
         """(draft length in 0..room, whether to score a one-token shadow proposal when it is 0)."""
 
     def shadow(self) -> bool:
@@ -52,7 +52,7 @@ class GammaPolicy(Protocol):
         """A verified tree: the summed reach of its nodes, and the depth the target accepted."""
 
 
-POLICY_MEMBERS = ("max_gamma", "context_length", "forecast", "sizes_trees", "plan", "shadow", "tree_size",
+POLICY_MEMBERS = ("max_gamma", "context_length", "forecast", "sizes_trees", "draft_length", "shadow", "tree_size",
                   "observe", "observe_tree")
 
 
@@ -67,7 +67,7 @@ class FixedGamma:
         self.gamma = self.max_gamma = check_gamma(gamma)
         self.context_length = 0
 
-    def plan(self, room: int) -> tuple[int, bool]:
+    def draft_length(self, room: int) -> tuple[int, bool]:
         return min(self.gamma, room), False
 
     def shadow(self) -> bool:
@@ -90,7 +90,7 @@ def as_policy(gamma: "int | str | GammaPolicy", target=None, max_gamma: int = 8)
     """An integer becomes a FixedGamma, "auto" an AdaptiveGamma fed by the target's measured
     verification curve (profiled once per machine and kernel build, then cached), and a policy is
     used as it is."""
-    if hasattr(gamma, "plan"):
+    if hasattr(gamma, "draft_length"):
         missing = [name for name in POLICY_MEMBERS if not hasattr(gamma, name)]
         if missing:
             raise TypeError(f"{type(gamma).__name__} is not a gamma policy: it lacks {', '.join(missing)}")
@@ -192,7 +192,7 @@ class AdaptiveGamma:
         self.forecast = (tokens, tokens / rate)
         return gamma
 
-    def plan(self, room: int) -> tuple[int, bool]:
+    def draft_length(self, room: int) -> tuple[int, bool]:
         gamma = self.choose(room)
         return gamma, gamma == 0 and room > 0 and self.shadow()
 
@@ -222,8 +222,8 @@ class AdaptiveGamma:
             self.cost_ratio = 0.8 * self.cost_ratio + 0.2 * c
 
 
-def plan_batch(policies: Sequence[GammaPolicy], rooms: Sequence[int], verify_cost,
-               other_rows: int = 0) -> list[int | None]:
+def draft_lengths(policies: Sequence[GammaPolicy], rooms: Sequence[int], verify_cost,
+                  other_rows: int = 0) -> list[int | None]:
     """Every request's draft length for one batched target call (continuous batching), under the
     cost model of `AdaptiveGamma` taken over the batch's rows: maximise
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..drafters import ModelDrafter, PromptLookupDrafter, SuffixDrafter
+from ..models.base import capabilities
 from .report import markdown, plot_speedups, plot_timeline
 from .runner import Method, run_record
 
@@ -43,7 +44,7 @@ def plan_suite(target, backend: str, gammas, draft_model=None, draft_spec: str |
         drafters["ngram"] = lambda: make_drafter(NGRAM + ngram, target)  # fresh counts for every run
         methods += [Method("ngram", g) for g in gammas]
     if suffix:
-        trees = getattr(target, "supports_trees", False)  # trees where the target verifies them, else chains
+        trees = capabilities(target).supports_trees  # trees where the target verifies them, else chains
         drafters["suffix"] = lambda: SuffixDrafter(trees=trees)  # a fresh one a run: no memory of earlier prompts
         methods += [Method("suffix", g) for g in gammas]
     suite = Suite(methods, drafters)

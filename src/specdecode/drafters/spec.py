@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..models.base import Model, check_same_vocab
+from ..models.base import Model, capabilities, check_same_vocab
 
 LOOKUP = "lookup"
 SUFFIX = "suffix"
@@ -77,7 +77,7 @@ def make_drafter(spec: DraftSpec | str, target: Model, draft_model: Model | None
     spec = spec if isinstance(spec, DraftSpec) else DraftSpec(spec)
     if spec.spec == LOOKUP:
         return PromptLookupDrafter()
-    trees = getattr(target, "supports_trees", False)  # where the target verifies them in one call, else chains
+    trees = capabilities(target).supports_trees  # where the target verifies them in one call, else chains
     if spec.spec == SUFFIX:
         return SuffixDrafter(suffix_cache, trees=trees)
     if spec.spec.startswith(NGRAM):

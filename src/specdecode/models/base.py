@@ -8,7 +8,7 @@ whose cache cannot be trimmed is refused when its cache is made, not silently re
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Protocol, Sequence, runtime_checkable
 
 import torch
@@ -58,6 +58,7 @@ class Model(Protocol):
     max_positions: int | None
     device: torch.device | str  # where its logits live; sampling and verification follow them
     tokenizer: object  # a transformers tokenizer (text in and out, chat template); None for a bare model
+    # optional: the attributes `Capabilities` lists, and forward_batch(calls) (see `forward_batch`)
 
     def new_cache(self) -> Cache:
         ...
@@ -66,6 +67,23 @@ class Model(Protocol):
         """tokens [B, T] -> logits [B, T, V] (or only the last num_logits positions), float32, on
         `device`. Appends the T positions to `cache`.
         """
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a model can do beyond the protocol. A backend declares each as a class attribute of the
+    same name (NativeLlama declares them all); one it does not declare, it lacks. `capabilities`
+    reads them, so the loop and the batch ask here rather than probing the model."""
+
+    supports_trees: bool = False  # forward(..., parents=...) verifies a draft tree in one call
+    row_invariant_prompts: bool = False  # prompt rows computed alone: pieces may share other requests' forwards
+    sized_caches: bool = False  # new_cache(positions=n) sizes a cache to one request (a NativeCache)
+    PREFILL_CHUNK: int | None = None  # a prompt may be fed in pieces of this many tokens (forward(prefill=True))
+
+
+def capabilities(model) -> Capabilities:
+    """The capabilities `model` declares (see `Capabilities`)."""
+    return Capabilities(**{f.name: getattr(model, f.name, f.default) for f in fields(Capabilities)})
 
 
 @dataclass

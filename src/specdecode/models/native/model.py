@@ -43,7 +43,8 @@ class NativeLlama:
     decode calls in one ragged forward with `forward_batch`)."""
 
     backend = "native"
-    supports_trees = True  # forward(..., parents=...) verifies a draft tree in one call
+    supports_trees = True  # forward(..., parents=...) verifies a draft tree in one call (models.base.Capabilities)
+    sized_caches = True  # new_cache(positions=n)
 
     PREFILL_CHUNK = 256
 
