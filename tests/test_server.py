@@ -12,6 +12,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 
 openai = pytest.importorskip("openai")
 
@@ -651,3 +652,27 @@ def test_logprobs_through_the_openai_client_equal_the_librarys_plain_decoding(cl
         client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, top_logprobs=2)
     with pytest.raises(openai.BadRequestError, match="logprobs"):
         client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, logprobs=21)
+
+
+def test_echo_gives_the_prompts_log_probabilities_as_log_likelihood_evaluation_asks(client):
+    """A completion with a token-id prompt, echo, logprobs 1 and one token (as lm-evaluation-harness's
+    local-completions model sends for a log-likelihood): the prompt's text and its tokens'
+    log-probabilities (the first has none), then the completion's; equal to one forward in this process."""
+    from specdecode.models.load import load_model
+
+    target = load_model(None)
+    prompt = target.tokenizer.encode("The bridge closed on Monday. The bridge reopened on")
+    response = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0, logprobs=1,
+                                         echo=True)
+    got = response.choices[0].logprobs
+    assert response.choices[0].text.startswith(target.tokenizer.decode(prompt))
+    assert len(got.tokens) == len(prompt) + 1 and got.token_logprobs[0] is None and got.top_logprobs[0] is None
+    from specdecode.models.base import capabilities
+
+    cache = target.new_cache(positions=len(prompt)) if capabilities(target).sized_caches else target.new_cache()
+    logits = target.forward(torch.tensor([prompt]), cache)[0].double()
+    expected = torch.log_softmax(logits, -1)[:-1].gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
+    assert all(abs(a - e) < 1e-6 for a, e in zip(got.token_logprobs[1 : len(prompt)], expected.tolist()))
+    assert got.text_offset == sorted(got.text_offset) and all(len(t) == 1 for t in got.top_logprobs[1:])
+    with pytest.raises(openai.BadRequestError, match="echo"):
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, echo=True, stream=True)

@@ -27,6 +27,7 @@ from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from ..decode import TokenLogprob
 from ..stats import Stats
 from ..text import encode_chat
 from .engine import Engine, Job
@@ -287,6 +288,16 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
         text, finish = "".join(pieces), FINISH[job.stats.finish_reason]
         logprobs = (None if job.request.logprobs is None
                     else logprobs_of(kind, kept(entries, text, job.stats.finish_reason)))
+        if job.request.echo:  # the prompt, then the completion; its first token has no log-probability
+            req = job.request
+            prompt = req.prompt if isinstance(req.prompt, str) else target.tokenizer.decode(job.prompt_ids)
+            if logprobs is not None:
+                first = logprobs_of(kind, [TokenLogprob(job.prompt_ids[0], None, [])] + job.prompt_logprobs)
+                first["top_logprobs"][0] = None
+                shift = sum(len(t) for t in first["tokens"])
+                logprobs = {key: first[key] + ([o + shift for o in logprobs[key]] if key == "text_offset"
+                                               else logprobs[key]) for key in first}
+            text = prompt + text
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
                    "logprobs": logprobs}
                   if kind == "chat" else {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs})

@@ -18,10 +18,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
+
 from ..batch import Batch, BatchRequest
+from ..decode import token_logprobs
 from ..drafters.spec import SUFFIX, DraftSpec, load_draft_model, make_drafter
 from ..drafters.suffix import SuffixCache
 from ..checks import check_queue_size
+from ..models.base import capabilities
 from ..stats import Stats
 from .request import Request, RequestError
 
@@ -36,6 +40,7 @@ class Job:
     submitted: float = field(default_factory=time.perf_counter)
     stats: Stats = field(default_factory=Stats)
     first_token_seconds: float | None = None
+    prompt_logprobs: list | None = None  # echo with logprobs: the prompt's tokens from the second on (TokenLogprob)
 
     def emit(self, kind: str, value) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
@@ -143,6 +148,8 @@ class Engine:
             self._end(None, job)
             return
         try:
+            if request.echo and request.logprobs is not None:
+                job.prompt_logprobs = self._prompt_logprobs(job.prompt_ids, request.logprobs)
             drafter = self._factories[request.draft or self.default_draft]()
             r = self._batch.submit(job.prompt_ids, drafter, gamma=self.gamma if request.gamma is None else request.gamma,
                                    params=request.params, max_new_tokens=request.max_tokens, lenience=request.lenience,
@@ -152,6 +159,15 @@ class Engine:
             self._end(None, job)
             return
         jobs[r] = job
+
+    def _prompt_logprobs(self, ids: list[int], top: int) -> list:
+        """Each prompt token's log-probability given the ones before it (from the second token on),
+        from one forward over the prompt in a cache of its own (the batch then prefills it again:
+        evaluation tools that send `echo` ask for one token or none)."""
+        target = self.target
+        cache = target.new_cache(positions=len(ids)) if capabilities(target).sized_caches else target.new_cache()
+        logits = target.forward(torch.tensor([ids]), cache, num_logits=len(ids))  # [1, T, V]
+        return token_logprobs(logits[:, :-1], ids[1:], None, top)
 
     def _end(self, r: BatchRequest | None, job: Job) -> None:
         if r is not None and r.finish_reason == "error":

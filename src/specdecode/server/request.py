@@ -5,7 +5,7 @@ under the `specdecode` extension object.
      "top_p": 1, "stop": ["\\n\\n"], "seed": 1, "stream": true, "n": 1,
      "specdecode": {"draft": "lookup", "gamma": 4 | "auto", "top_k": 0, "lenience": 1.0}}
 
-OpenAI fields the server cannot honour (penalties, echo, tools, response formats, ...) are
+OpenAI fields the server cannot honour (penalties, tools, response formats, ...) are
 accepted at their neutral value, which is what many clients send, and refused by name otherwise.
 
 Every problem becomes a `RequestError` carrying the HTTP status and OpenAI's error fields
@@ -43,7 +43,6 @@ NEUTRAL = {
     "function_call": (lambda v: v in ("none", "auto"), '"none" or "auto" (no functions)'),
     "store": (lambda v: v is False, "false"),
     "modalities": (lambda v: v == ["text"], '["text"]'),
-    "echo": (lambda v: v is False, "false"),
     "suffix": (lambda v: v == "", '""'),
     "best_of": (lambda v: v == 1 and not isinstance(v, bool), "1"),
     "audio": (lambda v: False, "null"),
@@ -56,7 +55,8 @@ HARMLESS = {"user": (str, "a string"), "metadata": (dict, "an object"), "paralle
             "safety_identifier": (str, "a string")}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "stream", "stream_options", "n",
           "logprobs", EXTENSION} | set(NEUTRAL) | set(HARMLESS)
-FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"}, "completion": COMMON | {"prompt"}}
+FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"},
+          "completion": COMMON | {"prompt", "echo"}}
 EXTENSION_FIELDS = {"draft", "gamma", "top_k", "lenience"}
 
 
@@ -97,6 +97,7 @@ class Request:
     gamma: int | str | None = None  # None: the server's default
     lenience: float = 1.0
     logprobs: int | None = None  # each token's log-probability with this many alternatives; None: none
+    echo: bool = False  # completions: the prompt before the completion (with its log-probabilities)
 
 
 def _bad(message: str, param: str | None, code: str | None = None) -> RequestError:
@@ -199,6 +200,17 @@ def _logprobs(body: dict, kind: str) -> int | None:
     return (top or 0) if value else None
 
 
+def _echo(body: dict, stream: bool) -> bool:
+    echo = body.get("echo")
+    if echo is None:
+        return False
+    if not isinstance(echo, bool):
+        raise _bad("'echo' must be a boolean", "echo", "invalid_type")
+    if echo and stream:
+        raise _bad("'echo' is served without 'stream' only", "echo", "unsupported_value")
+    return echo
+
+
 def _stop(body: dict) -> tuple[str, ...]:
     stop = body.get("stop")
     if stop is None:
@@ -295,5 +307,5 @@ def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
         params=SamplingParams(temperature=temperature, top_p=top_p, top_k=ext.get("top_k", 0)),
         stop=_stop(body), seed=seed, stream=stream, include_usage=stream and include_usage,
         draft=ext.get("draft"), gamma=ext.get("gamma"), lenience=ext.get("lenience", 1.0),
-        logprobs=_logprobs(body, kind),
+        logprobs=_logprobs(body, kind), echo=_echo(body, stream),
     )
