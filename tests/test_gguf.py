@@ -64,7 +64,7 @@ def _next_token_logprobs(model, tokens: list[int]) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("fmt", ["Q4_0", *(pytest.param(f, marks=pytest.mark.slow) for f in ("Q4_1", "Q8_0", "Q4_K_M",
-                                                                                            "F16"))])
+                                                                                            "Q5_K_M", "F16"))])
 def test_native_next_token_distributions_match_llama_cpp_on_the_same_file(files, fmt):
     """KL(llama.cpp || native) per position and argmax agreement over a 40-token sequence.
 

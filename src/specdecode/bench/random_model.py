@@ -11,7 +11,7 @@ import numpy as np
 
 from specdecode.models.default import default_target_path
 
-FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K_M", "F16")
+FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K_M", "Q5_K_M", "F16")
 
 
 def _copy_tokenizer(writer, source: Path) -> None:
