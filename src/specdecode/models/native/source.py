@@ -4,9 +4,9 @@ no dequantisation on the way, no converted copy on disk).
 
 Both give the model the same things under llama.cpp's tensor names (`attn_q`, `ffn_down`,
 `token_embd`, ...): a `Hyper` of the architecture's sizes, and each weight as float, 4-bit groups
-(`Groups4`: Q4_0, Q4_1 and Q4_K blocks) or 8-bit groups (`Groups8`: Q8_0, Q5_0 and Q6_K blocks). A GGUF type the kernels
-have no product for is dequantised by the `gguf` package (exact: the file's own values), so every
-file runs, those tensors as float.
+(`Groups4`: Q4_0, Q4_1 and Q4_K blocks) or 8-bit groups (`Groups8`: Q8_0, Q5_0 and Q6_K blocks).
+A GGUF type the kernels have no product for is dequantised by the `gguf` package (exact: the
+file's own values), so every file runs, those tensors as float.
 """
 
 from __future__ import annotations
@@ -174,9 +174,9 @@ class _Tensor(NamedTuple):
 
 class GGUFHeader:
     """A GGUF file's metadata and tensor table, read with `struct` over a memory map: scalars and short
-    arrays kept, long arrays (a tokenizer's vocabulary and merges) skipped over, which the `gguf`
-    package's reader spends seconds turning into numpy views (a 262k vocabulary: tens of seconds).
-    The layout is GGUF's (version 2 and 3): https://github.com/ggml-org/ggml/blob/master/docs/gguf.md"""
+    arrays kept, long arrays (a tokenizer's vocabulary and merges) stepped over, where the `gguf`
+    package's reader makes a numpy view of every one of their strings (hundreds of thousands for a
+    large vocabulary). The layout is GGUF's (version 2 and 3): ggml's docs/gguf.md."""
 
     # value type -> struct format (8: string, 9: array)
     SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
