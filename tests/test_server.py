@@ -585,7 +585,7 @@ def test_completion_prompts_as_token_ids_and_tokenize_round_trips(server, client
     as_ids = client.completions.create(model=MODEL, prompt=ids["tokens"], max_tokens=8, temperature=0)
     assert as_ids.choices[0].text == as_text.choices[0].text
     assert as_ids.usage.prompt_tokens == as_text.usage.prompt_tokens == len(ids["tokens"])
-    for body, param in (({"model": MODEL, "prompt": [10**9]}, "prompt"), ({"model": MODEL, "prompt": [[1], [2]]}, "prompt"),
+    for body, param in (({"model": MODEL, "prompt": [10**9]}, "prompt"), ({"model": MODEL, "prompt": [[1], []]}, "prompt[1]"),
                         ({"model": MODEL, "prompt": [1, "a"]}, "prompt")):
         status, error, _ = post(base, "/v1/completions", body)
         assert status == 400 and error["error"]["param"] == param, error
@@ -676,3 +676,21 @@ def test_echo_gives_the_prompts_log_probabilities_as_log_likelihood_evaluation_a
     assert got.text_offset == sorted(got.text_offset) and all(len(t) == 1 for t in got.top_logprobs[1:])
     with pytest.raises(openai.BadRequestError, match="echo"):
         client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, echo=True, stream=True)
+
+
+def test_several_prompts_in_one_completions_request_get_a_choice_each_as_alone(client):
+    """A list of prompts (strings or token-id lists, as OpenAI's API and evaluation tools send them):
+    one choice per prompt, in order, each the text that prompt gets alone; token counts summed. More
+    prompts than the server batches (--max-batch 2 here) are refused by name."""
+    texts = ["The bridge closed on Monday. The bridge", "Water boils at"]
+    alone = [client.completions.create(model=MODEL, prompt=p, temperature=0, max_tokens=6) for p in texts]
+    together = client.completions.create(model=MODEL, prompt=texts, temperature=0, max_tokens=6)
+    assert [c.index for c in together.choices] == [0, 1]
+    assert [c.text for c in together.choices] == [a.choices[0].text for a in alone]
+    assert together.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert together.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    assert len(together.usage.model_extra["speculative"]) == 2
+    with pytest.raises(openai.BadRequestError, match="at most 2"):
+        client.completions.create(model=MODEL, prompt=texts + ["A third"], max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="stream"):
+        client.completions.create(model=MODEL, prompt=texts, max_tokens=2, stream=True)

@@ -211,16 +211,27 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
             return list(req.prompt)
         return target.tokenizer.encode(req.prompt, add_special_tokens=True)
 
-    async def submit(request: HTTPRequest, kind: str):
+    async def submit(request: HTTPRequest, kind: str) -> list[Job]:
+        """The request's jobs: one, or one per prompt of a completions request with several (all
+        queued, or none: a refusal withdraws the ones already queued)."""
         req = parse_request(await read_json(request), kind, limits)
         if req.model not in names:
             raise RequestError(404, f"the model {req.model!r} does not exist; this server serves "
                                     f"{', '.join(map(repr, names))}", "model", "model_not_found")
-        ids = encode(req)
-        req = _fit(req, len(ids), target.max_positions)
-        job = Job(req, ids, asyncio.get_running_loop(), asyncio.Queue())
-        engine.submit(job)
-        return job
+        requests = [req] if len(req.prompts) < 2 else [replace(req, prompt=p, prompts=(p,)) for p in req.prompts]
+        jobs = []
+        for one in requests:
+            ids = encode(one)
+            jobs.append(Job(_fit(one, len(ids), target.max_positions), ids, asyncio.get_running_loop(),
+                            asyncio.Queue()))
+        try:
+            for job in jobs:
+                engine.submit(job)
+        except RequestError:
+            for job in jobs:
+                job.cancelled.set()
+            raise
+        return jobs
 
     def new_id(kind: str) -> str:
         return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
@@ -346,12 +357,27 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
             job.cancelled.set()  # the client left (or the stream ended): free the slot
 
     async def complete(request: HTTPRequest, kind: str):
-        job = await submit(request, kind)
-        if job.request.stream:
-            return StreamingResponse(stream(job, kind), media_type="text/event-stream",
+        jobs = await submit(request, kind)
+        if jobs[0].request.stream:
+            return StreamingResponse(stream(jobs[0], kind), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        body = await collect(job, request, kind)
-        return Response(status_code=CLIENT_LEFT) if body is None else JSONResponse(body)
+        bodies = []
+        for job in jobs:  # decoded together in the engine's batch; collected in order
+            body = await collect(job, request, kind)
+            if body is None:
+                for other in jobs:
+                    other.cancelled.set()
+                return Response(status_code=CLIENT_LEFT)
+            bodies.append(body)
+        if len(bodies) == 1:
+            return JSONResponse(bodies[0])
+        # several prompts: a choice each (index = the prompt's), the token counts summed, and each
+        # prompt's speculation statistics in order
+        merged = {**bodies[0], "choices": [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]}
+        merged["usage"] = {key: sum(b["usage"][key] for b in bodies)
+                           for key in ("prompt_tokens", "completion_tokens", "total_tokens")}
+        merged["usage"]["speculative"] = [b["usage"]["speculative"] for b in bodies]
+        return JSONResponse(merged)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: HTTPRequest):

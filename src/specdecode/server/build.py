@@ -103,6 +103,7 @@ def build_app(options: ServeOptions, target=None) -> Served:
                     threads=options.threads)
     name, *aliases = options.model_names or [Path(target.name).name.removesuffix(".gguf")]
     limits = Limits(max_tokens=options.max_tokens, default_max_tokens=min(256, options.max_tokens),
+                    max_prompts=options.max_batch,
                     max_gamma=max(16, options.max_gamma))
     app = create_app(engine, name, limits, options.max_body_bytes, aliases=aliases, api_key=options.api_key,
                      metrics_open=options.metrics_open)

@@ -78,6 +78,7 @@ class Limits:
     max_tokens: int = 1024  # largest max_tokens a request may ask for
     default_max_tokens: int = 256  # when a request omits it (the server caps it at the room the prompt leaves)
     max_gamma: int = 16
+    max_prompts: int = 16  # prompts one completions request may hold (the server's batch)
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class Request:
     kind: str  # "chat" or "completion"
     model: str
     messages: tuple[dict, ...] | None  # chat
-    prompt: str | tuple[int, ...] | None  # completion: text, or token ids as OpenAI's API allows
+    prompt: str | tuple[int, ...] | None  # completion: text, or token ids as OpenAI's API allows (the first)
     max_tokens: int
     params: SamplingParams
     max_tokens_param: str | None = None  # the field that set max_tokens; None: the server's default
@@ -98,6 +99,7 @@ class Request:
     lenience: float = 1.0
     logprobs: int | None = None  # each token's log-probability with this many alternatives; None: none
     echo: bool = False  # completions: the prompt before the completion (with its log-probabilities)
+    prompts: tuple = ()  # completions: every prompt of the request (a choice each); `prompt` is the first
 
 
 def _bad(message: str, param: str | None, code: str | None = None) -> RequestError:
@@ -162,26 +164,34 @@ def _messages(body: dict) -> tuple[dict, ...]:
     return tuple(out)
 
 
-def _prompt(body: dict) -> str | tuple[int, ...]:
-    """One prompt: a string, or a list of token ids (each also accepted wrapped in a one-item list)."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if prompt is None:
-        raise _bad("'prompt' is required", "prompt", "missing_required_parameter")
+def _one_prompt(prompt: Any, param: str) -> str | tuple[int, ...]:
+    """A string, or a list of token ids."""
     if isinstance(prompt, list):
         if not prompt:
-            raise _bad("'prompt' is an empty list of token ids", "prompt", "invalid_value")
+            raise _bad(f"'{param}' is an empty list of token ids", param, "invalid_value")
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
-            raise _bad("'prompt' must be a string or one list of token ids (integers >= 0); several prompts "
-                       "in one request are not supported", "prompt", "invalid_type")
+            raise _bad(f"'{param}' must be a string or a list of token ids (integers >= 0)", param, "invalid_type")
         return tuple(prompt)
     if not isinstance(prompt, str):
-        raise _bad("'prompt' must be a string or a list of token ids (one prompt per request)", "prompt",
-                   "invalid_type")
+        raise _bad(f"'{param}' must be a string or a list of token ids", param, "invalid_type")
     if not prompt.strip():
-        raise _bad("'prompt' is empty", "prompt", "invalid_value")
+        raise _bad(f"'{param}' is empty", param, "invalid_value")
     return prompt
+
+
+def _prompts(body: dict, most: int) -> tuple[str | tuple[int, ...], ...]:
+    """The prompts of a completions request, as OpenAI's API takes them: a string, a list of token
+    ids, or a list of either (each a choice; at most `most`)."""
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise _bad("'prompt' is required", "prompt", "missing_required_parameter")
+    several = isinstance(prompt, list) and bool(prompt) and all(isinstance(p, (str, list)) for p in prompt)
+    if not several:
+        return (_one_prompt(prompt, "prompt"),)
+    if len(prompt) > most:
+        raise _bad(f"'prompt' holds {len(prompt)} prompts; this server takes at most {most} in one request",
+                   "prompt", "invalid_value")
+    return tuple(_one_prompt(p, f"prompt[{i}]") for i, p in enumerate(prompt))
 
 
 def _logprobs(body: dict, kind: str) -> int | None:
@@ -297,12 +307,15 @@ def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
     if seed is not None:
         seed = _integer(seed, "seed", -(2**63), 2**63 - 1) % 2**63  # torch seeds are unsigned
     ext = _extension(body, limits)
+    prompts = _prompts(body, limits.max_prompts) if kind == "completion" else ()
+    if len(prompts) > 1 and stream:
+        raise _bad("several prompts are served without 'stream' only", "prompt", "unsupported_value")
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
     return Request(
         kind=kind, model=model,
         messages=_messages(body) if kind == "chat" else None,
-        prompt=_prompt(body) if kind == "completion" else None,
+        prompt=prompts[0] if prompts else None, prompts=prompts,
         max_tokens=max_tokens, max_tokens_param=name,
         params=SamplingParams(temperature=temperature, top_p=top_p, top_k=ext.get("top_k", 0)),
         stop=_stop(body), seed=seed, stream=stream, include_usage=stream and include_usage,
