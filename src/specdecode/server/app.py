@@ -31,6 +31,7 @@ from ..decode import TokenLogprob
 from ..stats import Stats
 from ..text import encode_chat
 from .engine import Engine, Job
+from .schema import DETOKENIZE_BODY, TOKENIZE_BODY, chat_body, completion_body, request_body
 from .metrics import CLIENT_LEFT, UNMATCHED, Metrics
 from .request import Limits, Request, RequestError, parse_request
 
@@ -142,7 +143,7 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
     if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
         raise ValueError("the API key must be a non-empty string")
     names = list(dict.fromkeys([model_name, *aliases]))
-    app = FastAPI(title="specdecode", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="specdecode", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     metrics = Metrics(in_flight=lambda: engine.in_flight)
     target = engine.target
     created = int(time.time())
@@ -379,11 +380,11 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
         merged["usage"]["speculative"] = [b["usage"]["speculative"] for b in bodies]
         return JSONResponse(merged)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=request_body(chat_body(limits, names)))
     async def chat_completions(request: HTTPRequest):
         return await complete(request, "chat")
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=request_body(completion_body(limits, names)))
     async def completions(request: HTTPRequest):
         return await complete(request, "completion")
 
@@ -399,7 +400,7 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
                                     f"{', '.join(map(repr, names))}", "model", "model_not_found")
         return {"id": model_id, "object": "model", "created": created, "owned_by": "specdecode"}
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", openapi_extra=request_body(TOKENIZE_BODY))
     async def tokenize(request: HTTPRequest):
         """Text -> token ids, as llama.cpp's server (`content`, `add_special`) and vLLM's (`prompt`,
         `add_special_tokens`) take it."""
@@ -413,7 +414,7 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
         tokens = target.tokenizer.encode(text, add_special_tokens=special)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": target.max_positions}
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", openapi_extra=request_body(DETOKENIZE_BODY))
     async def detokenize(request: HTTPRequest):
         body = await read_json(request)
         tokens = body.get("tokens") if isinstance(body, dict) else None
