@@ -21,6 +21,13 @@ SERVE = ["serve", "--model-name", MODEL, "--max-tokens", "200", "--draft", "suff
 LONG = "Count from one to one hundred in words, separated by commas."
 
 
+def scrape_metrics(base: str) -> dict[str, float]:
+    """GET /metrics as {sample name with labels: value}."""
+    with urllib.request.urlopen(base + "/metrics", timeout=120) as response:
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in response.read().decode().splitlines()
+                if line and not line.startswith("#")}
+
+
 @pytest.fixture
 def on_ray():
     pytest.importorskip("ray", reason="Ray Serve is not installed: pip install 'specdecode[ray]'")
@@ -112,6 +119,20 @@ def test_expositions_sum_by_name_and_labels(on_ray):
     assert on_ray.sum_expositions([a]).decode() == a  # one replica: the same text
     assert samples(on_ray.sum_expositions([a, b]).decode()) == samples(both)
     assert "# TYPE specdecode_requests_total counter" in on_ray.sum_expositions([a, b]).decode()
+
+    # Across restarts: replica "y" answers, then stays silent, then is gone and "z" replaces it. Every
+    # counter summed over the replicas only grows; a gone or silent replica's gauge leaves the sum.
+    totals, seen = on_ray.Totals(), []
+    for answered, alive in (({"x": a, "y": b}, ["x", "y"]), ({"x": a}, ["x", "y"]), ({"x": a}, ["x", "z"]),
+                            ({"x": a, "z": b}, ["x", "z"])):
+        seen.append(samples(totals.exposition(answered, alive).decode()))
+    chat_ok = 'specdecode_requests_total{endpoint="/v1/chat/completions",status="200"}'
+    assert [s[chat_ok] for s in seen] == [5, 5, 5, 7]  # y's 2 requests stay counted after it is gone
+    assert [s["specdecode_requests_in_flight"] for s in seen] == [3, 1, 1, 3]
+    for earlier, later in zip(seen, seen[1:]):
+        assert all(later[k] >= v for k, v in earlier.items() if not k.startswith("specdecode_requests_in_flight"))
+    totals.unavailable += 2
+    assert samples(totals.exposition({"x": a}, ["x", "z"]).decode())["specdecode_ingress_unavailable_total"] == 2
 
 
 # --- a local Ray cluster --------------------------------------------------------------------------------------------
@@ -337,6 +358,7 @@ def test_a_killed_replica_fails_its_requests_with_503_and_is_replaced(cluster):
     response = stream(ray_base, chat("Name three primary colours.", 8, user=user))
     assert response.headers["x-specdecode-replica"] == doomed
     response.readline()  # the first event: the stream is open, its generation waits in the queue
+    before = scrape_metrics(ray_base)  # the doomed replica's counters, as the ingress last sees them
     ray.kill(ray.get_actor(f"SERVE_REPLICA::specdecode#Replica#{doomed}", namespace="serve"))
     with response:
         rest = events(response)  # ends, never hangs: an error event, then [DONE]
@@ -360,3 +382,10 @@ def test_a_killed_replica_fails_its_requests_with_503_and_is_replaced(cluster):
     new = next(r for r in fresh if r != survivor)
     status, body, headers = call(ray_base, "/v1/chat/completions", chat(lands_on(new, fresh), 8))
     assert status == 200 and headers["x-specdecode-replica"] == new
+    # no summed counter went down across the kill (the killed replica's stay in the sum), and the
+    # ingress counted the 503s it answered (the refused requests and the broken stream)
+    after = scrape_metrics(ray_base)
+    counters = [k for k in before if k.endswith(("_total", "_count", "_sum")) or "_bucket{" in k]
+    assert counters and all(after.get(k, 0) >= before[k] for k in counters), \
+        [(k, before[k], after.get(k)) for k in counters if after.get(k, 0) < before[k]]
+    assert after["specdecode_ingress_unavailable_total"] >= len(refused) + 1

@@ -9,7 +9,8 @@ Two deployments. Each `Replica` builds what `specdecode serve` builds, from the 
 runs the HTTP requests forwarded to it through that app. The `Ingress` takes every HTTP request,
 hands it to one replica and passes the answer back as it comes (streams too). It answers two routes
 itself, from every replica's own answer: GET /metrics sums the replicas' samples that have the same
-name and labels, and GET /health adds up their requests in flight.
+name and labels (a replica gone keeps its counters in the sum: `Totals`), and GET /health adds up
+their requests in flight.
 
 Routing: a request whose drafter remembers earlier outputs (`suffix`) carries its conversation: the
 `user` field, else the first user message, else the prompt's start. `ConversationRouter` sends it to
@@ -121,12 +122,15 @@ class ConversationRouter(RequestRouter):
         return [[max(candidate_replicas, key=lambda r: rank(key, r.replica_id.unique_id))]]
 
 
-def sum_expositions(texts: list[str]) -> bytes:
+def sum_expositions(texts: list[str], frozen: list[str] = ()) -> bytes:
     """One Prometheus exposition from several: samples with the same name and labels add up (counters,
-    histogram buckets, sums and counts, and the in-flight gauge: the total over the replicas)."""
+    histogram buckets, sums and counts, and the in-flight gauge: the total over the replicas). `frozen`
+    texts (replicas gone, or not answering now) add their counters and histograms, not their gauges."""
     families: dict[str, tuple[Metric, dict]] = {}
-    for text in texts:
+    for text, live in [(t, True) for t in texts] + [(t, False) for t in frozen]:
         for family in text_string_to_metric_families(text):
+            if not live and family.type == "gauge":
+                continue
             _, samples = families.setdefault(family.name, (Metric(family.name, family.documentation, family.type), {}))
             for sample in family.samples:
                 key = (sample.name, tuple(sorted(sample.labels.items())))
@@ -144,6 +148,31 @@ def sum_expositions(texts: list[str]) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Summed())
     return generate_latest(registry)
+
+
+class Totals:
+    """The replicas' metrics as the ingress sums them, so that no counter ever decreases (Prometheus'
+    rate() reads a decrease as a restart of the whole series): each replica's last exposition is
+    kept, a replica that does not answer this time counts with it, and one that is gone (killed,
+    replaced, scaled down) keeps its counters in the sum for good; its gauges go with it. The
+    ingress's own count of requests it answered 503 (their replica was gone) is added."""
+
+    UNAVAILABLE = "specdecode_ingress_unavailable"
+
+    def __init__(self) -> None:
+        self.last: dict[str, str] = {}  # replica id -> its last exposition
+        self.gone: list[str] = []  # expositions of replicas no longer serving
+        self.unavailable = 0  # requests the ingress answered 503
+
+    def exposition(self, answered: dict[str, str], alive: list[str]) -> bytes:
+        """`answered`: replica id -> its exposition now; `alive`: the replicas serving now."""
+        for replica in [r for r in self.last if r not in alive]:
+            self.gone.append(self.last.pop(replica))
+        self.last.update(answered)
+        own = (f"# HELP {self.UNAVAILABLE}_total Requests the ingress answered 503: their replica was gone\n"
+               f"# TYPE {self.UNAVAILABLE}_total counter\n{self.UNAVAILABLE}_total {float(self.unavailable)}\n")
+        silent = [self.last[r] for r in alive if r in self.last and r not in answered]
+        return sum_expositions([*answered.values(), own], frozen=silent + self.gone)
 
 
 def _error(status: int, message: str, code: str, **headers) -> JSONResponse:
@@ -210,6 +239,7 @@ class Ingress:
         self.replicas = replicas
         self.default_draft = default_draft
         self.max_body_bytes = max_body_bytes
+        self.totals = Totals()
 
     async def __call__(self, request: HTTPRequest) -> Response:
         path, headers = request.url.path, request.headers.raw
@@ -230,6 +260,7 @@ class Ingress:
                 return StreamingResponse(self.rest(call), status_code=status, headers=head)
             return Response(b"".join([chunk async for chunk in call]), status_code=status, headers=head)
         except GONE as err:
+            self.totals.unavailable += 1
             return _unavailable(err)
         except asyncio.CancelledError:
             call.cancel()
@@ -237,12 +268,12 @@ class Ingress:
         except Exception as err:  # a fault between here and the app: OpenAI's error body all the same
             return _error(500, f"internal error: {type(err).__name__}", "internal_error")
 
-    @staticmethod
-    async def rest(call):
+    async def rest(self, call):
         try:
             async for chunk in call:
                 yield chunk
         except GONE as err:
+            self.totals.unavailable += 1
             yield ("data: " + _unavailable(err).body.decode() + "\n\ndata: [DONE]\n\n").encode()
         finally:
             call.cancel()  # a no-op once done; else the client left: the replica's app sees it go
@@ -274,22 +305,24 @@ class Ingress:
             ids = await self.replica_ids(headers)
         except (*GONE, asyncio.TimeoutError) as err:
             return _unavailable(err)
-        answers, failed = [], []  # one at a time: calls made within one request share its id, which Ray's
+        answers, failed = {}, []  # one at a time: calls made within one request share its id, which Ray's
         for i in ids:             # router matches on while they wait for a replica
             try:
-                answers.append(await self.fetch("replica:" + i, path, headers))
+                answers[i] = await self.fetch("replica:" + i, path, headers)
             except (*GONE, asyncio.TimeoutError) as err:  # a replica being replaced
                 failed.append(err)
         if not answers:
             why = f" ({type(failed[0]).__name__}: {failed[0]})" if failed else ""
             return _error(503, f"no replica answered{why}; Ray Serve restarts them: retry", "replica_unavailable",
                           **{"Retry-After": "1"})
-        refused = next((a for a in answers if a[0] != 200), None)
+        refused = next((a for a in answers.values() if a[0] != 200), None)
         if refused is not None:
             return Response(refused[2], status_code=refused[0], headers=refused[1])
         if path == "/metrics":
-            return Response(sum_expositions([a[2].decode() for a in answers]), media_type=answers[0][1]["content-type"])
-        each = [json.loads(a[2]) for a in answers]
+            texts = {i: a[2].decode() for i, a in answers.items()}
+            return Response(self.totals.exposition(texts, ids),
+                            media_type=next(iter(answers.values()))[1]["content-type"])
+        each = [json.loads(a[2]) for a in answers.values()]
         return JSONResponse({**each[0], "in_flight": sum(h["in_flight"] for h in each), "replicas": len(each)})
 
 
