@@ -25,12 +25,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from .decode import Decoding, check_logprobs, check_request
+from .decode import Decoding, check_request
 from .drafters.base import Drafter
 from .drafters.lookup import PromptLookupDrafter
 from .gamma import AUTO, AdaptiveGamma, GammaPolicy, as_policy, draft_lengths
 from .models.base import ForwardCall, capabilities, forward_batch
-from .checks import check_lenience, check_stop
+from .checks import check_lenience, check_logprobs, check_stop
 from .prefix import PrefixCache
 from .sampling import SamplingParams
 from .stats import Stats

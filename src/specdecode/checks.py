@@ -75,3 +75,14 @@ def check_stop(stop: Sequence[str]) -> tuple[str, ...]:
         raise ValueError("stop strings must be a list of non-empty strings")
     return tuple(stop)
 
+
+
+MAX_TOP_LOGPROBS = 20  # alternatives a token's log-probability may list (OpenAI's limit)
+
+
+def check_logprobs(logprobs: int | None) -> int | None:
+    """How many alternatives each token's log-probability lists (0..MAX_TOP_LOGPROBS), or None for none."""
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                 or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+        raise ValueError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] or None, got {logprobs!r}")
+    return logprobs

@@ -22,12 +22,9 @@ import torch
 from .drafters.base import Draft, Drafter, check_drafter
 from .gamma import GammaPolicy, as_policy
 from .models.base import ForwardCall, Model, capabilities, check_same_vocab, forward_batch
-from .checks import check_lenience, check_max_new_tokens, check_prompt_ids
+from .checks import check_lenience, check_logprobs, check_max_new_tokens, check_prompt_ids
 from .sampling import SamplingParams, draw, make_generator
 from .verify import verify_draft
-
-
-MAX_TOP_LOGPROBS = 20  # alternatives a token's log-probability may list (OpenAI's limit)
 
 
 class TokenLogprob(NamedTuple):
@@ -84,13 +81,6 @@ class _Pending(NamedTuple):
     unseen: int  # context tokens fed before the draft (the newest one; the prompt on the prefill)
     cache_length: int  # the cache's length before the call
     forecast: tuple[float, float] | None
-
-
-def check_logprobs(logprobs: int | None) -> int | None:
-    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
-                                 or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
-        raise ValueError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] or None, got {logprobs!r}")
-    return logprobs
 
 
 def token_logprobs(logits: torch.Tensor, new: list[int], path: list[int] | None, top: int) -> list[TokenLogprob]:

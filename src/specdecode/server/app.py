@@ -251,7 +251,7 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
     def token_text(token: int) -> str:
         return target.tokenizer.decode([token])
 
-    def logprobs_of(kind: str, entries: list, offset: int = 0) -> dict | None:
+    def logprobs_of(kind: str, entries: list, offset: int = 0) -> dict:
         """OpenAI's logprobs object for these tokens (`decode.TokenLogprob`s): chat's content list,
         or completions' parallel lists (text offsets from `offset`)."""
         if kind == "chat":

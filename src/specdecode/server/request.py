@@ -18,9 +18,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..checks import check_lenience
+from ..checks import MAX_TOP_LOGPROBS, check_lenience
 from ..sampling import SamplingParams
-from ..decode import MAX_TOP_LOGPROBS
 
 EXTENSION = "specdecode"
 ROLES = ("system", "developer", "user", "assistant")  # developer: OpenAI's newer name for system

@@ -6,7 +6,7 @@ as a prompt longer than the context); this describes them for clients and for sc
 
 from __future__ import annotations
 
-from ..decode import MAX_TOP_LOGPROBS
+from ..checks import MAX_TOP_LOGPROBS
 from .request import EXTENSION, ROLES, Limits
 
 _TEXT_PART = {"type": "object", "required": ["type", "text"],
