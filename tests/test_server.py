@@ -694,3 +694,14 @@ def test_several_prompts_in_one_completions_request_get_a_choice_each_as_alone(c
         client.completions.create(model=MODEL, prompt=texts + ["A third"], max_tokens=2)
     with pytest.raises(openai.BadRequestError, match="stream"):
         client.completions.create(model=MODEL, prompt=texts, max_tokens=2, stream=True)
+
+
+def test_tokenizer_info_names_the_special_tokens_that_tokenize_maps_to_the_models_ids(server):
+    base = server[0]
+    with urllib.request.urlopen(base + "/tokenizer_info", timeout=60) as response:
+        info = json.loads(response.read())
+    assert info["chat_template"] and info["model_max_length"] > 0
+    status, ids, _ = post(base, "/tokenize", {"prompt": info["eos_token"], "add_special_tokens": False})
+    assert status == 200 and len(ids["tokens"]) == 1
+    status, back, _ = post(base, "/detokenize", {"tokens": ids["tokens"]})
+    assert status == 200 and back["prompt"] == info["eos_token"]

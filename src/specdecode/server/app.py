@@ -425,6 +425,16 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
         text = target.tokenizer.decode(tokens)
         return {"content": text, "prompt": text}
 
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        """The tokenizer's special tokens and chat template, as vLLM's server gives them (what
+        lm-evaluation-harness's remote tokenizer reads beside /tokenize and /detokenize)."""
+        tokenizer = target.tokenizer
+        return {"tokenizer_class": type(tokenizer).__name__, "eos_token": tokenizer.eos_token,
+                "bos_token": tokenizer.bos_token, "pad_token": tokenizer.pad_token,
+                "chat_template": getattr(tokenizer, "chat_template", None),
+                "model_max_length": target.max_positions}
+
     @app.get("/health")
     async def health():
         return {"status": "ok", "model": model_name, "drafts": engine.drafts, "in_flight": engine.in_flight}
