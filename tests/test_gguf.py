@@ -131,6 +131,21 @@ def test_a_tied_table_is_held_once_and_its_lookups_are_the_files_rows(files, dty
     assert torch.equal(model.embedding(ids).float(), table[ids])
 
 
+def _fused_and_looped(native, prefix: list[int], tokens: list[int]):
+    """(logits of `tokens` after `prefix`, the cache's keys), decoded with the layers in one C call and
+    then one operation at a time (the prefix through the decode path too)."""
+    fused, results = native.layer_pointers, []
+    for pointers in (fused, None):
+        native.layer_pointers, cache = pointers, native.new_cache()
+        try:
+            native.forward(torch.tensor([prefix]), cache, num_logits=1, prefill=False)
+            logits = native.forward(torch.tensor([tokens]), cache)
+            results.append((logits, cache.k[:, :, : len(prefix) + len(tokens)].clone()))
+        finally:
+            native.layer_pointers = fused
+    return results
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K_M"])
 def test_decode_layers_of_mixed_product_kinds_equal_the_per_operation_loop_bit_for_bit(files, fmt):
@@ -139,20 +154,12 @@ def test_decode_layers_of_mixed_product_kinds_equal_the_per_operation_loop_bit_f
     from specdecode.models.native.kernels import PRODUCTS
 
     native = load_native(files[fmt], dtype="w4a8", max_positions=64)
-    fused = native.layer_pointers
-    assert fused is not None
+    pointers = native.layer_pointers
+    assert pointers is not None
     expected = {"Q8_0": {PRODUCTS["q8q8"]}, "Q4_K_M": {PRODUCTS["q4wq8"], PRODUCTS["q6q8"]}}[fmt]
-    assert expected <= set(fused[1].flatten().tolist())
-    prefix, tokens = torch.tensor([list(range(2000, 2030))]), torch.tensor([[7, 70, 700, 7000]])
-    results = []
-    for pointers in (fused, None):
-        native.layer_pointers, cache = pointers, native.new_cache()
-        try:
-            native.forward(prefix, cache, num_logits=1, prefill=False)
-            results.append((native.forward(tokens, cache), cache.k[:, :, :34].clone()))
-        finally:
-            native.layer_pointers = fused
-    assert all(torch.equal(a, b) for a, b in zip(*results))
+    assert expected <= set(pointers[1].flatten().tolist())
+    fused, looped = _fused_and_looped(native, list(range(2000, 2030)), [7, 70, 700, 7000])
+    assert all(torch.equal(x, y) for x, y in zip(fused, looped))
 
 
 def test_groups_of_32_and_of_16_stack_into_one_product_exactly():
@@ -190,12 +197,5 @@ def test_qwen_architectures_match_llama_cpp_and_their_decode_layers_match_the_lo
     kl = (theirs.exp() * (theirs - ours)).sum(-1)
     agree = (ours.argmax(-1) == theirs.argmax(-1)).double().mean().item()
     assert kl.mean().item() < 0.01 and agree >= 0.85, (arch, kl.mean().item(), agree)
-    fused, results = native.layer_pointers, []
-    for pointers in (fused, None):
-        native.layer_pointers, cache = pointers, native.new_cache()
-        try:
-            native.forward(torch.tensor([tokens[:30]]), cache, num_logits=1, prefill=False)
-            results.append(native.forward(torch.tensor([tokens[30:34]]), cache))
-        finally:
-            native.layer_pointers = fused
-    assert torch.equal(*results)
+    fused, looped = _fused_and_looped(native, tokens[:30], tokens[30:34])
+    assert all(torch.equal(x, y) for x, y in zip(fused, looped))

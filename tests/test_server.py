@@ -667,10 +667,9 @@ def test_echo_gives_the_prompts_log_probabilities_as_log_likelihood_evaluation_a
     got = response.choices[0].logprobs
     assert response.choices[0].text.startswith(target.tokenizer.decode(prompt))
     assert len(got.tokens) == len(prompt) + 1 and got.token_logprobs[0] is None and got.top_logprobs[0] is None
-    from specdecode.models.base import capabilities
+    from specdecode.models.base import request_cache
 
-    cache = target.new_cache(positions=len(prompt)) if capabilities(target).sized_caches else target.new_cache()
-    logits = target.forward(torch.tensor([prompt]), cache)[0].double()
+    logits = target.forward(torch.tensor([prompt]), request_cache(target, len(prompt)))[0].double()
     expected = torch.log_softmax(logits, -1)[:-1].gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
     assert all(abs(a - e) < 1e-6 for a, e in zip(got.token_logprobs[1 : len(prompt)], expected.tolist()))
     assert got.text_offset == sorted(got.text_offset) and all(len(t) == 1 for t in got.top_logprobs[1:])

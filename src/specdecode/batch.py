@@ -29,7 +29,7 @@ from .decode import Decoding, check_request
 from .drafters.base import Drafter
 from .drafters.lookup import PromptLookupDrafter
 from .gamma import AUTO, AdaptiveGamma, GammaPolicy, as_policy, draft_lengths
-from .models.base import ForwardCall, capabilities, forward_batch
+from .models.base import ForwardCall, capabilities, forward_batch, request_cache
 from .checks import check_lenience, check_logprobs, check_stop
 from .prefix import PrefixCache
 from .sampling import SamplingParams
@@ -163,9 +163,7 @@ class Batch:
 
     def _admit(self, r: BatchRequest) -> None:
         try:
-            positions = len(r.prompt_ids) + r.max_new_tokens
-            cache = (self.target.new_cache(positions=min(positions, self.target.max_positions))
-                     if self.can.sized_caches else None)
+            cache = request_cache(self.target, len(r.prompt_ids) + r.max_new_tokens)
             r.decoding = Decoding(self.target, r.drafter, r.prompt_ids, gamma=self._policy(r.gamma), params=r.params,
                                   max_new_tokens=r.max_new_tokens, lenience=r.lenience, seed=r.seed, cache=cache,
                                   clock=self.clock, logprobs=r.logprobs)

@@ -86,6 +86,14 @@ def capabilities(model) -> Capabilities:
     return Capabilities(**{f.name: getattr(model, f.name, f.default) for f in fields(Capabilities)})
 
 
+def request_cache(model, positions: int) -> Cache:
+    """A cache for one request of `positions` positions: sized to it (at most the context) where the
+    model sizes caches (`sized_caches`), else the model's own."""
+    if not capabilities(model).sized_caches:
+        return model.new_cache()
+    return model.new_cache(positions=min(positions, model.max_positions) if model.max_positions else positions)
+
+
 @dataclass
 class ForwardCall:
     """One request's share of a batched forward: what `target.forward` would take alone."""

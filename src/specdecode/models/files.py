@@ -16,15 +16,30 @@ def cache_root() -> Path:
     return Path(os.environ.get("SPECDECODE_CACHE", Path.home() / ".cache" / "specdecode"))
 
 
-def model_directory(path: str | os.PathLike) -> tuple[Path, Path]:
-    """(the path as given, expanded; the transformers directory behind it): a directory as it is, a
-    .gguf file dequantised once (`convert_gguf`). A clear error for a path that is neither."""
+def existing_model_path(path: str | os.PathLike) -> Path:
+    """The model path, expanded; a clear error where nothing is there."""
     path = Path(path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"model path {str(path)!r} does not exist (a local directory or .gguf file is needed)")
-    directory = convert_gguf(path) if path.is_file() and path.suffix == ".gguf" else path
+    return path
+
+
+def is_gguf(path: Path) -> bool:
+    return path.is_file() and path.suffix == ".gguf"
+
+
+def check_model_directory(path: Path, directory: Path) -> None:
+    """A clear error where `directory` (the one behind `path`) is no transformers model directory."""
     if not (directory / "config.json").exists():
         raise ValueError(f"{str(path)!r} is neither a .gguf file nor a transformers model directory (no config.json)")
+
+
+def model_directory(path: str | os.PathLike) -> tuple[Path, Path]:
+    """(the path as given, expanded; the transformers directory behind it): a directory as it is, a
+    .gguf file dequantised once (`convert_gguf`). A clear error for a path that is neither."""
+    path = existing_model_path(path)
+    directory = convert_gguf(path) if is_gguf(path) else path
+    check_model_directory(path, directory)
     return path, directory
 
 

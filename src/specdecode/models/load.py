@@ -24,6 +24,7 @@ def auto_backend(path: str | None, device: str | None = None) -> tuple[str, str]
     """(the backend --backend auto picks before any measurement, why) for this model and device."""
     from .default import default_target_path
     from .draftnet import is_draftnet
+    from .files import is_gguf
     from .native.source import ARCHITECTURES, gguf_architecture
 
     path = Path(path or default_target_path()).expanduser()
@@ -32,7 +33,7 @@ def auto_backend(path: str | None, device: str | None = None) -> tuple[str, str]
     import torch
 
     on_cpu = device == "cpu" or (device is None and not torch.cuda.is_available())
-    if path.is_file() and path.suffix == ".gguf":
+    if is_gguf(path):
         architecture = gguf_architecture(path)
         if architecture in ARCHITECTURES and on_cpu:
             return "native", f"--backend auto: a {architecture} GGUF on the CPU"
@@ -116,7 +117,9 @@ def _llamacpp_runs(path) -> bool:
     """Whether llama.cpp can run this model here: a .gguf file, llama-cpp-python installed."""
     from importlib.util import find_spec
 
-    return Path(path).suffix == ".gguf" and Path(path).is_file() and find_spec("llama_cpp") is not None
+    from .files import is_gguf
+
+    return is_gguf(Path(path)) and find_spec("llama_cpp") is not None
 
 
 def _measured_choice(path: Path, threads: int | None, n_ctx: int, measure_again: bool = False):

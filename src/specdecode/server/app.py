@@ -212,13 +212,17 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
             return list(req.prompt)
         return target.tokenizer.encode(req.prompt, add_special_tokens=True)
 
+    def check_model(model: str) -> None:
+        """A 404 for a model id this server does not answer to."""
+        if model not in names:
+            raise RequestError(404, f"the model {model!r} does not exist; this server serves "
+                                    f"{', '.join(map(repr, names))}", "model", "model_not_found")
+
     async def submit(request: HTTPRequest, kind: str) -> list[Job]:
         """The request's jobs: one, or one per prompt of a completions request with several (all
         queued, or none: a refusal withdraws the ones already queued)."""
         req = parse_request(await read_json(request), kind, limits)
-        if req.model not in names:
-            raise RequestError(404, f"the model {req.model!r} does not exist; this server serves "
-                                    f"{', '.join(map(repr, names))}", "model", "model_not_found")
+        check_model(req.model)
         requests = [req] if len(req.prompts) < 2 else [replace(req, prompt=p, prompts=(p,)) for p in req.prompts]
         jobs = []
         for one in requests:
@@ -395,9 +399,7 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
 
     @app.get("/v1/models/{model_id}")
     async def model(model_id: str):
-        if model_id not in names:
-            raise RequestError(404, f"the model {model_id!r} does not exist; this server serves "
-                                    f"{', '.join(map(repr, names))}", "model", "model_not_found")
+        check_model(model_id)
         return {"id": model_id, "object": "model", "created": created, "owned_by": "specdecode"}
 
     @app.post("/tokenize", openapi_extra=request_body(TOKENIZE_BODY))

@@ -25,7 +25,7 @@ from ..decode import token_logprobs
 from ..drafters.spec import SUFFIX, DraftSpec, load_draft_model, make_drafter
 from ..drafters.suffix import SuffixCache
 from ..checks import check_queue_size
-from ..models.base import capabilities
+from ..models.base import request_cache
 from ..stats import Stats
 from .request import Request, RequestError
 
@@ -164,9 +164,8 @@ class Engine:
         """Each prompt token's log-probability given the ones before it (from the second token on),
         from one forward over the prompt in a cache of its own (the batch then prefills it again:
         evaluation tools that send `echo` ask for one token or none)."""
-        target = self.target
-        cache = target.new_cache(positions=len(ids)) if capabilities(target).sized_caches else target.new_cache()
-        logits = target.forward(torch.tensor([ids]), cache, num_logits=len(ids))  # [1, T, V]
+        logits = self.target.forward(torch.tensor([ids]), request_cache(self.target, len(ids)),
+                                     num_logits=len(ids))  # [1, T, V]
         return token_logprobs(logits[:, :-1], ids[1:], None, top)
 
     def _end(self, r: BatchRequest | None, job: Job) -> None:

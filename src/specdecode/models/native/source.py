@@ -62,6 +62,11 @@ def as_float(weight: Weight) -> torch.Tensor:
     return weight if isinstance(weight, torch.Tensor) else weight.dense()
 
 
+def take_rows(weight: Weight, index: torch.Tensor) -> Weight:
+    """Rows `index` of a weight, in its own form (groups stay groups)."""
+    return weight[index] if isinstance(weight, torch.Tensor) else type(weight)(*(field[index] for field in weight))
+
+
 def concat(parts: list[Weight]) -> Weight:
     """Weights with the same inputs stacked along their outputs (q|k|v, gate|up): groups of one kind
     stay groups, anything mixed becomes float."""
@@ -88,7 +93,7 @@ class Embedding:
             return torch.nn.functional.embedding(ids, self.weight)
         if callable(self.weight):  # rows of a tied head's product (see `rows_of`)
             return self.weight(ids).to(self.dtype)
-        return type(self.weight)(*(field[ids] for field in self.weight)).dense().to(self.dtype)
+        return take_rows(self.weight, ids).dense().to(self.dtype)
 
 
 @dataclass(frozen=True)
@@ -313,7 +318,7 @@ class GGUFSource:
         weight = _read(tensor)
         if name in ("attn_q", "attn_k") and self.architecture == "llama":
             order = _un_permute(weight_rows(weight), self.hyper.heads if name == "attn_q" else self.hyper.kv_heads)
-            weight = type(weight)(*(f[order] for f in weight)) if not isinstance(weight, torch.Tensor) else weight[order]
+            weight = take_rows(weight, order)
         return weight
 
     def close(self) -> None:
@@ -418,11 +423,10 @@ def gguf_architecture(path: str | os.PathLike) -> str | None:
 
 def open_source(path: str | os.PathLike) -> DirectorySource | GGUFSource:
     """The source behind a model path: a .gguf file read directly, or a transformers directory."""
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"model path {str(path)!r} does not exist (a local directory or .gguf file is needed)")
-    if path.is_file() and path.suffix == ".gguf":
+    from ..files import check_model_directory, existing_model_path, is_gguf
+
+    path = existing_model_path(path)
+    if is_gguf(path):
         return GGUFSource(path)
-    if not (path / "config.json").exists():
-        raise ValueError(f"{str(path)!r} is neither a .gguf file nor a transformers model directory (no config.json)")
+    check_model_directory(path, path)
     return DirectorySource(path)
