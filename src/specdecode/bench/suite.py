@@ -35,7 +35,7 @@ def plan_suite(target, backend: str, gammas, draft_model=None, draft_spec: str |
     engines' own generate() as anchors. On
     the native backend the anchors run the same file on transformers and llama.cpp, loaded by
     `load_anchor(backend)`."""
-    from ..drafters.spec import HYBRID, NGRAM, make_drafter
+    from ..drafters.spec import HYBRID, NGRAM, DraftSpec, make_drafter, model_drafter
 
     methods = [Method("baseline")] + [Method("lookup", g) for g in gammas]
     drafters: dict[str, Callable[[], object]] = {"baseline": lambda: None, "lookup": PromptLookupDrafter}
@@ -49,7 +49,7 @@ def plan_suite(target, backend: str, gammas, draft_model=None, draft_spec: str |
         methods += [Method("suffix", g) for g in gammas]
     suite = Suite(methods, drafters)
     if draft_model is not None:
-        drafters["draft"] = lambda: ModelDrafter(draft_model)
+        drafters["draft"] = lambda: model_drafter(DraftSpec(draft_spec), target, draft_model)
         drafters["lookup+draft"] = lambda: make_drafter(HYBRID + draft_spec, target, draft_model=draft_model)
         methods += [Method("draft", g) for g in gammas] + [Method("lookup+draft", g) for g in gammas]
     if not anchors:

@@ -27,8 +27,11 @@ def _model_options(with_draft: bool = True) -> argparse.ArgumentParser:
         common.add_argument("--draft", default=LOOKUP,
                             help="'lookup' for prompt lookup (default), 'suffix' for suffix drafting (the most "
                                  "frequent continuation of the longest earlier match), 'trained' for the draft "
-                                 "network shipped for the embedded target, a draft model path, lookup+MODEL (copy "
-                                 "where the text repeats, MODEL elsewhere, e.g. lookup+trained), or ngram:FILE.npz")
+                                 "network shipped for the embedded target, a draft model path (one with another "
+                                 "tokenizer drafts among the tokens both share), text:PATH (a draft with another "
+                                 "tokenizer, its text re-tokenised), lookup+MODEL (copy where the text repeats, MODEL "
+                                 "elsewhere, e.g. lookup+trained), ngram:FILE.npz, or module:Name for a drafter of "
+                                 "your own")
     common.add_argument("--backend", default="auto", choices=["auto", "hf", "llama.cpp", "native"],
                         help="native: specdecode's own PyTorch Llama (static KV cache, 4-bit or bf16 products, "
                              "C kernels); hf: transformers; llama.cpp: llama-cpp-python on a .gguf file; auto "
@@ -179,6 +182,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="autoscale up to this many (default: --replicas, at least --min-replicas)")
     on_ray.add_argument("--address", default=None,
                         help="the Ray cluster to join: auto or HEAD:6379 (default: start one on this machine)")
+
+    check = commands.add_parser("check", parents=[_model_options()],
+                                help="prove a drafter lossless: whole-sequence chi-square tests on a toy target, a "
+                                     "broken verifier as the control, greedy identity on the target")
+    check.add_argument("--samples", type=int, default=2000,
+                       help="whole sequences drawn per sampling setting (default 2000)")
+    check.add_argument("--gamma", type=int, default=3, help="draft tokens per target call (default 3)")
+    check.add_argument("--num-prompts", type=int, default=8, help="prompts for greedy identity (default 8)")
+    check.add_argument("--max-new-tokens", type=int, default=48, help="tokens per greedy prompt (default 48)")
+    check.add_argument("--seed", type=int, default=0)
+    _prompt_options(check, required=False)
+    check.add_argument("--json", action="store_true")
 
     ngram = commands.add_parser("ngram", help="n-gram drafters")
     ngram_commands = ngram.add_subparsers(dest="ngram_command", required=True)

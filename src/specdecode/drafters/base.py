@@ -40,15 +40,22 @@ class Draft:
         probs = None if self.probs is None else self.probs[:, :n]
         return Draft(self.tokens[:, :n], probs, self.parents[:n], self.reach[:n] if self.reach else None)
 
-    def chain(self) -> Draft:
-        """A tree's main chain (from the context, each node's first child): what a target that
-        cannot verify trees verifies. A chain is its own. A sampled tree's first children were
-        each drawn first from their q: the chain is an ordinary sampled draft."""
+    def main_path(self) -> list[int]:
+        """The nodes of the main chain: from the context, each node's first child (a chain: all)."""
         if self.parents is None:
-            return self
+            return list(range(self.gamma))
         path, node = [], -1
         while (node := next((i for i, p in enumerate(self.parents) if p == node), None)) is not None:
             path.append(node)
+        return path
+
+    def chain(self) -> Draft:
+        """A tree's main chain: what a target that cannot verify trees verifies. A chain is its
+        own. A sampled tree's first children were each drawn first from their q: the chain is an
+        ordinary sampled draft."""
+        if self.parents is None:
+            return self
+        path = self.main_path()
         return Draft(self.tokens[:, path], None if self.probs is None else self.probs[:, path])
 
 

@@ -5,21 +5,81 @@
                       the context or (with a shared cache) in earlier outputs
     ngram:FILE.npz    an n-gram model fitted with `specdecode ngram fit`
     trained           the draft network shipped for the embedded target
-    PATH              a draft model: a .gguf file, a transformers directory, or a `distill` output
+    PATH              a draft model: a .gguf file, a transformers directory, or a `distill` output; one
+                      with another tokenizer than the target's drafts among the tokens both share
+                      (`cross.SharedVocabDrafter`)
+    text:PATH         a draft model with another tokenizer whose greedy text is re-tokenised for the
+                      target (`cross.TextDrafter`)
     lookup+MODEL      prompt lookup where the text repeats, MODEL (trained or a PATH) elsewhere
+    module:Name       a drafter of your own: `Name` in an importable module (the current directory
+                      is searched first), a class or function called with the target model (with
+                      nothing where it has no required argument) that returns a `Drafter`
+    NAME              a drafter a package registers under the `specdecode.drafters` entry point group
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import os
+import re
+import sys
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 
-from ..models.base import Model, capabilities, check_same_vocab
+from ..models.base import Model, capabilities
+from .base import check_drafter
 
 LOOKUP = "lookup"
 SUFFIX = "suffix"
 TRAINED = "trained"
 HYBRID = "lookup+"
 NGRAM = "ngram:"
+TEXT = "text:"
+ENTRY_POINTS = "specdecode.drafters"
+_USER = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")  # module:Name (or module:Class.method)
+
+
+def _registered(name: str):
+    """The entry point a package registered under `name` in the `specdecode.drafters` group, or None."""
+    return next((ep for ep in entry_points(group=ENTRY_POINTS) if ep.name == name), None)
+
+
+def user_drafter_factory(spec: str):
+    """The callable a `module:Name` spec or a registered entry-point name names."""
+    if ":" not in spec:
+        return _registered(spec).load()
+    module_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"cannot import the drafter module {module_name!r} of --draft {spec}: {err}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"--draft {spec}: {module_name} has no {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"--draft {spec}: {attr} is not a class or function")  # noqa: TRY004 (a bad option)
+    return obj
+
+
+def build_user_drafter(spec: str, target: Model):
+    """A user's drafter: its factory called with the target where it has a required argument, else
+    with nothing; checked against the `Drafter` protocol."""
+    factory = user_drafter_factory(spec)
+    try:
+        takes_target = any(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                           for p in inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):  # a builtin or C callable: assume it takes the target
+        takes_target = True
+    drafter = factory(target) if takes_target else factory()
+    try:
+        check_drafter(drafter)
+    except TypeError as err:
+        raise ValueError(f"--draft {spec}: {err}") from None
+    return drafter
 
 
 @dataclass(frozen=True)
@@ -38,15 +98,28 @@ class DraftSpec:
             raise ValueError("ngram: needs a file, e.g. ngram:bigram.npz")
         if self.spec.startswith(HYBRID) and not self.spec[len(HYBRID):]:
             raise ValueError("lookup+ needs a draft model, e.g. lookup+trained")
+        if self.spec.startswith(TEXT) and not self.spec[len(TEXT):]:
+            raise ValueError("text: needs a draft model path, e.g. text:draft.gguf")
         if not (0.0 <= self.min_confidence < 1.0):
             raise ValueError(f"min_confidence must be in [0, 1), got {self.min_confidence}")
 
     @property
+    def is_user(self) -> bool:
+        """A drafter of the user's own (module:Name, or a registered entry-point name), not a path."""
+        if self.spec in (LOOKUP, SUFFIX, TRAINED) or self.spec.startswith((NGRAM, HYBRID, TEXT)):
+            return False
+        if os.path.exists(self.spec):
+            return False
+        return bool(_USER.fullmatch(self.spec)) or _registered(self.spec) is not None
+
+    @property
     def model_path(self) -> str | None:
         """The draft model this spec loads, or None for a drafter without one."""
-        if self.spec in (LOOKUP, SUFFIX) or self.spec.startswith(NGRAM):
+        if self.spec in (LOOKUP, SUFFIX) or self.spec.startswith(NGRAM) or self.is_user:
             return None
-        path = self.spec[len(HYBRID):] if self.spec.startswith(HYBRID) else self.spec
+        path = self.spec
+        for prefix in (HYBRID, TEXT):
+            path = path[len(prefix):] if path.startswith(prefix) else path
         if path == TRAINED:
             from ..models.default import trained_draft_path
 
@@ -56,14 +129,30 @@ class DraftSpec:
 
 def load_draft_model(path: str, target: Model, backend: str = "auto", dtype: str = "auto",
                      device: str | None = None, threads: int | None = None) -> Model:
-    """A draft model by path ('trained' for the shipped one), checked against the target's vocabulary."""
+    """A draft model by path ('trained' for the shipped one). One with another vocabulary than the
+    target's must be able to read text (both have tokenizers, and they share tokens)."""
     from ..models.load import load_model
+    from .cross import VocabMap
 
     if path == TRAINED:
         path = DraftSpec(TRAINED).model_path
     draft = load_model(path, backend, dtype, device, threads, choose_by_speed=False)
-    check_same_vocab(target.vocab, draft.vocab)
+    if draft.vocab.fingerprint != target.vocab.fingerprint:
+        VocabMap.between(target, draft)  # refuses a pair that cannot draft for each other, naming why
     return draft
+
+
+def model_drafter(spec: DraftSpec, target: Model, draft_model: Model):
+    """The drafter around a loaded draft model: its own ids where it shares the target's vocabulary,
+    else the shared tokens (TLI) or, for text:PATH, its re-tokenised text."""
+    from .cross import SharedVocabDrafter, TextDrafter, VocabMap
+    from .model import ModelDrafter
+
+    if spec.spec.startswith(TEXT):
+        return TextDrafter(draft_model, target.tokenizer)
+    if draft_model.vocab.fingerprint == target.vocab.fingerprint:
+        return ModelDrafter(draft_model, min_confidence=spec.min_confidence)
+    return SharedVocabDrafter(draft_model, target.tokenizer, VocabMap.between(target, draft_model))
 
 
 def make_drafter(spec: DraftSpec | str, target: Model, draft_model: Model | None = None, *, backend: str = "auto",
@@ -72,7 +161,7 @@ def make_drafter(spec: DraftSpec | str, target: Model, draft_model: Model | None
     """The drafter a spec names. `draft_model` reuses an already loaded draft model (a server builds
     a fresh drafter per request around one loaded model); else it is loaded with these settings.
     `suffix_cache` (a `SuffixCache`) is the memory of earlier outputs a suffix drafter shares."""
-    from . import LookupThenModelDrafter, ModelDrafter, NgramDrafter, PromptLookupDrafter, SuffixDrafter
+    from . import LookupThenModelDrafter, NgramDrafter, PromptLookupDrafter, SuffixDrafter
 
     spec = spec if isinstance(spec, DraftSpec) else DraftSpec(spec)
     if spec.spec == LOOKUP:
@@ -82,7 +171,9 @@ def make_drafter(spec: DraftSpec | str, target: Model, draft_model: Model | None
         return SuffixDrafter(suffix_cache, trees=trees)
     if spec.spec.startswith(NGRAM):
         return NgramDrafter.load(spec.spec[len(NGRAM):], trees=trees)
+    if spec.is_user:
+        return build_user_drafter(spec.spec, target)
     if draft_model is None:
         draft_model = load_draft_model(spec.model_path, target, spec.backend or backend, dtype, device, threads)
-    drafter = ModelDrafter(draft_model, min_confidence=spec.min_confidence)
+    drafter = model_drafter(spec, target, draft_model)
     return LookupThenModelDrafter(drafter) if spec.spec.startswith(HYBRID) else drafter
