@@ -22,7 +22,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ..bench.report import aggregate
     from ..bench.runner import run_benchmark
     from ..bench.suite import plan_suite, write_results
-    from ..drafters.spec import load_draft_model
+    from ..drafters.spec import DraftSpec, load_draft_model
     from ..models.load import load_model
     from ..models.native.plan import cpu_name
     from ..models.profile import profile_model
@@ -44,7 +44,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     target = load_target(args)
     backend = backend_of(target)
     # the draft model on the backend asked for (auto: its own best), not the one auto chose for the target
-    draft = load_draft_model(args.draft[0], target, args.backend, args.dtype, args.device,
+    draft = load_draft_model(DraftSpec(args.draft[0]).model_path, target, args.draft_backend or args.backend,
+                             args.dtype, args.device,
                              args.threads) if args.draft else None
     hf_dtype = "float32" if args.dtype == "float32" else "bfloat16"  # transformers has no 4-bit path here
     suite = plan_suite(target, backend, args.gamma, draft, args.draft[0] if args.draft else None, args.ngram,

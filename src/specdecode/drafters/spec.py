@@ -148,7 +148,7 @@ def model_drafter(spec: DraftSpec, target: Model, draft_model: Model):
     from .cross import SharedVocabDrafter, TextDrafter, VocabMap
     from .model import ModelDrafter
 
-    if spec.spec.startswith(TEXT):
+    if spec.spec.removeprefix(HYBRID).startswith(TEXT):
         return TextDrafter(draft_model, target.tokenizer)
     if draft_model.vocab.fingerprint == target.vocab.fingerprint:
         return ModelDrafter(draft_model, min_confidence=spec.min_confidence)
