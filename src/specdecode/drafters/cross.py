@@ -114,7 +114,15 @@ class VocabMap:
 
     @classmethod
     def between(cls, target: Model, draft: Model) -> VocabMap:
-        """The map between two loaded models' tokenizers; refused where one has none."""
+        """The map between two loaded models' tokenizers, built once per pair of vocabularies (a
+        server makes a drafter per request); refused where one has no tokenizer."""
+        key = (target.vocab.fingerprint, draft.vocab.fingerprint, target.eos_token_ids, draft.eos_token_ids)
+        if key not in _MAPS:
+            _MAPS[key] = cls._build(target, draft)
+        return _MAPS[key]
+
+    @classmethod
+    def _build(cls, target: Model, draft: Model) -> VocabMap:
         for role, model in (("target", target), ("draft", draft)):
             if getattr(model, "tokenizer", None) is None:
                 raise ValueError(f"the {role} {model.name} has no tokenizer: a draft with another vocabulary "
@@ -125,6 +133,9 @@ class VocabMap:
             raise ValueError(f"{target.name} and {draft.name} share no token: nothing the draft proposes could be "
                              "checked by the target")
         return vmap
+
+
+_MAPS: dict[tuple, VocabMap] = {}
 
 
 class DraftContext:
