@@ -98,7 +98,8 @@ class Embedding:
 
 @dataclass(frozen=True)
 class Hyper:
-    """A Llama-family model's sizes (the names are transformers' config keys where they have one)."""
+    """A Llama-family model's sizes (the names are transformers' config keys where they have one), and
+    what Gemma 3 does otherwise (the defaults are a Llama's)."""
 
     layers: int
     heads: int
@@ -109,6 +110,18 @@ class Hyper:
     eps: float
     theta: float
     context: int
+    rope_scale: float = 1.0  # the global layers' positions times this in RoPE (linear scaling: 1 / factor)
+    window: int = 0  # the sliding layers' window: a query sees the keys of the last `window` positions
+    sliding: tuple[bool, ...] = ()  # which layers slide (none where empty); they take RoPE base theta_swa
+    theta_swa: float = 10000.0
+    attention_scale: float | None = None  # the query-key scale (None: head_dim ** -0.5)
+    embed_scale: float = 1.0  # the embeddings times this after the lookup (Gemma: sqrt(dim))
+    activation: str = "silu"  # the MLP's: silu(gate) * up, or "gelu" (tanh approximation) (gate) * up
+    softcap: float = 0.0  # where > 0, logits become softcap tanh(logits / softcap)
+
+    def windows(self) -> list[int]:
+        """Each layer's sliding window (0: it sees every position)."""
+        return [self.window if i < len(self.sliding) and self.sliding[i] else 0 for i in range(self.layers)]
 
 
 # llama.cpp's names of a layer's tensors, and transformers' names of the same
@@ -277,17 +290,20 @@ class GGUFSource:
         a = self.architecture
         heads = self._field(f"{a}.attention.head_count")
         dim = self._field(f"{a}.embedding_length")
-        if self._field(f"{a}.rope.scaling.type", "none") not in ("none", "linear") or \
-                self._field(f"{a}.rope.scaling.factor", 1.0) != 1.0:
-            raise ValueError(f"the native backend supports default RoPE only; {self.path.name} scales it "
-                             f"({self._field(f'{a}.rope.scaling.type')})")
-        self.hyper = Hyper(layers=self._field(f"{a}.block_count"), heads=heads,
-                           kv_heads=self._field(f"{a}.attention.head_count_kv", heads), dim=dim,
-                           head_dim=self._field(f"{a}.attention.key_length", dim // heads),
-                           hidden=self._field(f"{a}.feed_forward_length"),
+        # llama.cpp's reading: no type is linear, a factor (or the older scale_linear) divides the positions
+        scaling = self._field(f"{a}.rope.scaling.type", "linear")
+        factor = self._field(f"{a}.rope.scaling.factor", None) or self._field(f"{a}.rope.scale_linear", 0.0)
+        if scaling not in ("none", "linear"):
+            raise ValueError(f"the native backend supports default and linear RoPE only; {self.path.name} "
+                             f"scales it by {scaling}")
+        layers = self._field(f"{a}.block_count")
+        head_dim = self._field(f"{a}.attention.key_length", dim // heads)
+        self.hyper = Hyper(layers=layers, heads=heads, kv_heads=self._field(f"{a}.attention.head_count_kv", heads),
+                           dim=dim, head_dim=head_dim, hidden=self._field(f"{a}.feed_forward_length"),
                            eps=self._field(f"{a}.attention.layer_norm_rms_epsilon"),
                            theta=self._field(f"{a}.rope.freq_base", 10000.0),
-                           context=self._field(f"{a}.context_length", 4096))
+                           context=self._field(f"{a}.context_length", 4096),
+                           rope_scale=1.0 / factor if scaling == "linear" and factor else 1.0)
         self.eos_token_id = self._field("tokenizer.ggml.eos_token_id", None)
         self._tensors = self.header.tensors
 
