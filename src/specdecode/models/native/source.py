@@ -23,9 +23,10 @@ import torch
 GROUP = 32  # inputs a scale covers in Q4_0, Q4_1 and Q8_0 blocks
 
 # general.architecture values the native model runs: llama (Mistral 7B's files name it too; llama.cpp's
-# converter interleaves its q and k rows for its RoPE, undone here), qwen2 (biases on q, k, v) and
-# qwen3 (an RMSNorm on each head's q and k before RoPE)
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
+# converter interleaves its q and k rows for its RoPE, undone here), qwen2 (biases on q, k, v), qwen3
+# (an RMSNorm on each head's q and k before RoPE) and gemma3 (qwen3's norms, norms of the attention's
+# and the MLP's outputs too, sliding-window layers, gelu, scaled embeddings: `Hyper`)
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 
 
 class Groups4(NamedTuple):
@@ -303,9 +304,27 @@ class GGUFSource:
                            eps=self._field(f"{a}.attention.layer_norm_rms_epsilon"),
                            theta=self._field(f"{a}.rope.freq_base", 10000.0),
                            context=self._field(f"{a}.context_length", 4096),
-                           rope_scale=1.0 / factor if scaling == "linear" and factor else 1.0)
+                           rope_scale=1.0 / factor if scaling == "linear" and factor else 1.0,
+                           **(self._gemma3(layers, dim, heads, head_dim) if a == "gemma3" else {}))
         self.eos_token_id = self._field("tokenizer.ggml.eos_token_id", None)
         self._tensors = self.header.tensors
+
+    def _gemma3(self, layers: int, dim: int, heads: int, head_dim: int) -> dict:
+        """Gemma 3's `Hyper` fields, as llama.cpp reads them (llama_model_gemma3::load_arch_hparams): the
+        layers slide but every `pattern`-th (6; or the file's pattern, a number or a flag a layer),
+        with RoPE base 10000 unless the file says; the query-key scale 1 / sqrt(head_dim), but
+        1 / sqrt(dim / heads) for the 62-layer 27B (llama.cpp names the model by its layer count)."""
+        a = self.architecture
+        window = self._field(f"{a}.attention.sliding_window", 0)
+        sliding = ()
+        if window > 0:
+            pattern = self._field(f"{a}.attention.sliding_window_pattern", 6)
+            sliding = (tuple(bool(p) for p in pattern) if isinstance(pattern, list)
+                       else tuple(pattern == 0 or i % pattern < pattern - 1 for i in range(layers)))
+        return dict(window=window, sliding=sliding, theta_swa=self._field(f"{a}.rope.freq_base_swa", 10000.0),
+                    attention_scale=(dim / heads if layers == 62 else head_dim) ** -0.5,
+                    embed_scale=dim ** 0.5, activation="gelu",
+                    softcap=self._field(f"{a}.final_logit_softcapping", 0.0))
 
     def _field(self, key: str, default=...):
         field = self.header.fields.get(key)
