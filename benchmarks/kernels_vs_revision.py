@@ -51,7 +51,7 @@ def csrc_at(rev: str, into: Path) -> Path:
 def use(model, lib) -> None:
     """Point the model's kernels (its products and head included) at `lib`."""
     kernels = CKernels(lib, model.heads, model.kv_heads, model.head_dim, model.compute_dtype, model.kernels.plan,
-                       model.n_threads)
+                       model.n_threads, model.kernels.scale)
     model.kernels = kernels
     for block in model.blocks:
         for name in ("qkv", "o", "gate_up", "down"):

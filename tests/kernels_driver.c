@@ -75,6 +75,7 @@ static void run_f32(const float *x, float *y, int rows) { f32_matmul(x, weight, 
 static const float *norm_weight;
 static void run_rms(const float *x, float *y, int rows) { rms_norm_f32(x, norm_weight, y, rows, IN, 1e-5f); }
 static void run_silu(const float *x, float *y, int rows) { silu_mul_f32(x, y, rows, IN / 2); }
+static void run_gelu(const float *x, float *y, int rows) { gelu_mul_f32(x, y, rows, IN / 2); }
 
 int main(int argc, char **argv) {
     if (argc > 1) threads = atoi(argv[1]);
@@ -97,6 +98,7 @@ int main(int argc, char **argv) {
     check_product("f32_matmul", run_f32, x, IN, OUT);
     check_product("rms_norm_f32", run_rms, x, IN, IN);
     check_product("silu_mul_f32", run_silu, x, IN, IN / 2);
+    check_product("gelu_mul_f32", run_gelu, x, IN, IN / 2);
 
     /* RoPE with the cache writes, then attention over the cache: all rows at once and one at a time */
     const int width = (HEADS + 2 * KV_HEADS) * HEAD_DIM, qwidth = HEADS * HEAD_DIM;
@@ -109,16 +111,23 @@ int main(int argc, char **argv) {
     memcpy(k[1], k[0], sizeof(float) * cache), memcpy(v[1], v[0], sizeof(float) * cache);
     for (int i = 0; i < 2; i++) q[i] = malloc(sizeof(float) * ROWS * qwidth), out[i] = malloc(sizeof(float) * ROWS * qwidth);
     rope_store_f32(qkv, cs, sn, q[0], k[0], v[0], ROWS, HEADS, KV_HEADS, HEAD_DIM, kv_stride, FIRST);
-    attend_f32(q[0], k[0], v[0], out[0], ROWS, HEADS, KV_HEADS, HEAD_DIM, kv_stride, FIRST + 1, NULL, 0.125f, threads);
+    attend_f32(q[0], k[0], v[0], out[0], ROWS, HEADS, KV_HEADS, HEAD_DIM, kv_stride, FIRST + 1, NULL, 0, 0.125f, threads);
     for (int t = 0; t < ROWS; t++) {
         rope_store_f32(qkv + (long)t * width, cs + (long)t * HEAD_DIM, sn + (long)t * HEAD_DIM, q[1] + (long)t * qwidth,
                        k[1], v[1], 1, HEADS, KV_HEADS, HEAD_DIM, kv_stride, FIRST + t);
         attend_f32(q[1] + (long)t * qwidth, k[1], v[1], out[1] + (long)t * qwidth, 1, HEADS, KV_HEADS, HEAD_DIM,
-                   kv_stride, FIRST + t + 1, NULL, 0.125f, threads);
+                   kv_stride, FIRST + t + 1, NULL, 0, 0.125f, threads);
     }
     report("rope_store_f32", q[0], sizeof(float) * ROWS * qwidth,
            !memcmp(q[0], q[1], sizeof(float) * ROWS * qwidth) && !memcmp(k[0], k[1], sizeof(float) * cache) &&
                !memcmp(v[0], v[1], sizeof(float) * cache));
     report("attend_f32", out[0], sizeof(float) * ROWS * qwidth, !memcmp(out[0], out[1], sizeof(float) * ROWS * qwidth));
+    /* the same with a sliding window of 5 keys */
+    attend_f32(q[0], k[0], v[0], out[0], ROWS, HEADS, KV_HEADS, HEAD_DIM, kv_stride, FIRST + 1, NULL, 5, 0.125f, threads);
+    for (int t = 0; t < ROWS; t++)
+        attend_f32(q[1] + (long)t * qwidth, k[1], v[1], out[1] + (long)t * qwidth, 1, HEADS, KV_HEADS, HEAD_DIM,
+                   kv_stride, FIRST + t + 1, NULL, 5, 0.125f, threads);
+    report("attend_window_f32", out[0], sizeof(float) * ROWS * qwidth,
+           !memcmp(out[0], out[1], sizeof(float) * ROWS * qwidth));
     return failures != 0;
 }

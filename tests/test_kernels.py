@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specdecode.models.native import plan
-from specdecode.models.native.kernels import CKernels, TorchKernels, make_kernels
+from specdecode.models.native.kernels import CKernels, TorchKernels, make_kernels, tree_keys
 from specdecode.models.native.linear import F32Linear, Int4Linear, Q8Linear
 from quantized import q4_grid, q4k_groups, q6k_groups
 
@@ -54,6 +54,45 @@ def test_silu_mul_equals_pytorch_and_each_row_is_computed_alone(lib, dtype):
                                atol=1e-6)
     alone = torch.cat([CKernels(lib, H, HKV, HD, dtype).silu_mul(gate_up[i : i + 1]) for i in range(9)])
     assert torch.equal(ours, alone)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gelu_mul_equals_pytorch_and_each_row_is_computed_alone(lib, dtype):
+    """Gemma's activation, gelu's tanh approximation computed as x sigmoid(2 u) (the same function)."""
+    gen = torch.Generator().manual_seed(11)
+    gate_up = (torch.randn(9, 2 * 1544, generator=gen) * 4).to(dtype)
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # exp's range limits
+    ours = CKernels(lib, H, HKV, HD, dtype).gelu_mul(gate_up)
+    # in float64: PyTorch's float32 0.5 x (1 + tanh(u)) cancels to 0 where the kernel's x sigmoid(2 u) does not
+    reference = TorchKernels.gelu_mul(gate_up.double())
+    assert ours.shape == (9, 1544) and ours.dtype == dtype
+    torch.testing.assert_close(ours.double(), reference, rtol=1e-5 if dtype == torch.float32 else 2 ** -8,
+                               atol=1e-6)
+    alone = torch.cat([CKernels(lib, H, HKV, HD, dtype).gelu_mul(gate_up[i : i + 1]) for i in range(9)])
+    assert torch.equal(ours, alone)
+
+
+@pytest.mark.parametrize("window", [1, 5, 40])
+def test_a_sliding_window_sees_the_last_keys_exactly_as_a_call_over_those_keys_alone(lib, window):
+    """With a window, each position of a chain or a draft tree (one deeper than the window too)
+    attends to the last `window` of its keys: the same bits as a call given only those keys, and
+    PyTorch's attention over them within float32 rounding."""
+    gen = torch.Generator().manual_seed(window)
+    keys, values = (torch.randn(HKV, 64, HD, generator=gen) for _ in range(2))
+    q = torch.randn(7, H, HD, generator=gen)
+    ours, one = CKernels(lib, H, HKV, HD, torch.float32), CKernels(lib, H, HKV, HD, torch.float32)
+    for parents in (None, torch.tensor([-1, 0, 1, 2, 3, 4, 1], dtype=torch.int32)):  # a 6-deep path and a branch
+        batch = ours.attend(q, keys, values, 30, parents, window)
+        reference = TorchKernels(H, HKV, HD).attend(q, keys, values, 30, parents, window)
+        torch.testing.assert_close(batch, reference, rtol=1e-5, atol=1e-5)
+        for t in range(7):
+            seen = torch.arange(31 + t) if parents is None else tree_keys(parents, t, 30)
+            seen = seen[-window:]
+            alone = one.attend(q[t : t + 1], keys[:, seen], values[:, seen], len(seen) - 1)
+            assert torch.equal(batch[t], alone[0]), (parents, t)
+    # a window as long as every query's keys (at most 37 here) changes nothing
+    unwindowed = ours.attend(q, keys, values, 30)
+    assert torch.equal(ours.attend(q, keys, values, 30, None, window), unwindowed) == (window >= 37)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

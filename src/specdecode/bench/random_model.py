@@ -36,12 +36,16 @@ SHAPES = {"135M": (30, 576, 9, 3, 1536), "360M": (32, 960, 15, 5, 2560), "1.7B":
 
 def write_llama(path: Path, layers: int = 2, dim: int = 128, heads: int = 4, kv_heads: int = 2, hidden: int = 256,
                 seed: int = 0, context: int = 512, dtype: str = "F32", architecture: str = "llama",
-                head_dim: int | None = None) -> Path:
+                head_dim: int | None = None, window: int = 8) -> Path:
     """A Llama-family model of random weights as a GGUF file (tied embeddings, as SmolLM2's):
-    `architecture` llama, mistral, qwen2 (with q, k, v biases) or qwen3 (with q and k norms, and
-    `head_dim` other than dim / heads where given). The embeddings'
+    `architecture` llama, mistral, qwen2 (with q, k, v biases), qwen3 (with q and k norms, and
+    `head_dim` other than dim / heads where given) or gemma3 (q and k norms, norms of the attention's
+    and the MLP's outputs, every layer but each sixth with a sliding window of `window` positions,
+    RoPE base 1e6 scaled linearly by 8 on the others as Gemma 3 4B's, 10000 on the sliding ones;
+    its norms' weights stored as llama.cpp's converter stores them, 1 + w). The embeddings'
     spread (0.25; the head is tied) gives next-token distributions of a few nats' entropy: neither
-    uniform nor one-hot, so that a misread weight moves them measurably."""
+    uniform nor one-hot, so that a misread weight moves them measurably (Gemma's embeddings, scaled
+    by sqrt(dim), would make the input token the prediction but for post-norms of ~3)."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -54,8 +58,12 @@ def write_llama(path: Path, layers: int = 2, dim: int = 128, heads: int = 4, kv_
     writer.add_feed_forward_length(hidden)
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(1e6 if architecture == "gemma3" else 10000.0)
+    writer.add_layer_norm_rms_eps(1e-6 if architecture == "gemma3" else 1e-5)
+    if architecture == "gemma3":
+        writer.add_sliding_window(window)
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(8.0)
     writer.add_rope_dimension_count(head_dim)
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
@@ -81,9 +89,12 @@ def write_llama(path: Path, layers: int = 2, dim: int = 128, heads: int = 4, kv_
         if architecture == "qwen2":
             for name, rows in (("attn_q", heads), ("attn_k", kv_heads), ("attn_v", kv_heads)):
                 writer.add_tensor(f"blk.{i}.{name}.bias", (0.1 * rng.standard_normal(rows * head_dim)).astype(np.float32))
-        if architecture == "qwen3":
+        if architecture in ("qwen3", "gemma3"):
             for name in ("attn_q_norm", "attn_k_norm"):
                 writer.add_tensor(f"blk.{i}.{name}.weight", (1 + 0.1 * rng.standard_normal(head_dim)).astype(np.float32))
+        if architecture == "gemma3":  # 3x: the layers' outputs, not the scaled embedding, lead the residual stream
+            for name in ("post_attention_norm", "post_ffw_norm"):
+                writer.add_tensor(f"blk.{i}.{name}.weight", (3 + 0.3 * rng.standard_normal(dim)).astype(np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

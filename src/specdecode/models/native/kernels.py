@@ -49,12 +49,14 @@ def tree_keys(parents: torch.Tensor, node: int, p0: int) -> torch.Tensor:
 
 class TorchKernels:
     """RMSNorm, RoPE with the cache writes, attention over the cache and the MLP's activation, in
-    PyTorch ops."""
+    PyTorch ops. `scale`: the attention's query-key scale (default head_dim ** -0.5)."""
 
     q4 = q4f = q4q8 = False  # no 4-bit products of its own (PyTorch's int4 kernel serves)
 
-    def __init__(self, heads: int, kv_heads: int, head_dim: int, plan: KernelPlan | None = None) -> None:
+    def __init__(self, heads: int, kv_heads: int, head_dim: int, plan: KernelPlan | None = None,
+                 scale: float | None = None) -> None:
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.scale = head_dim ** -0.5 if scale is None else scale
         self.plan = plan or KernelPlan("torch", "pytorch", "these shapes take PyTorch ops")
 
     @staticmethod
@@ -70,6 +72,13 @@ class TorchKernels:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
+    @staticmethod
+    def gelu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        """Gemma's MLP activation: gate_up [T, 2 I] (gate | up) -> gelu(gate) * up [T, I], gelu's tanh
+        approximation (transformers' gelu_pytorch_tanh, llama.cpp's gelu)."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
+
     def rope_store(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
                    values: torch.Tensor, p0: int) -> torch.Tensor:
         """RoPE (rotate-half form) of the new q and k, k and v written into one layer of the cache:
@@ -83,18 +92,22 @@ class TorchKernels:
         return q * cos + _rotate_half(q) * sin
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, p0: int,
-               parents: torch.Tensor | None = None) -> torch.Tensor:
+               parents: torch.Tensor | None = None, window: int = 0) -> torch.Tensor:
         """q [T, H, hd] in cache slots p0.., keys/values [Hkv, P, hd] of one layer -> [T, H hd]: query t
         over the first p0 + t + 1 positions, or, given `parents` (a draft tree, see `tree_keys`), over
-        the first p0 and its ancestors' and its own; one fused-attention call per position (4-d inputs
-        take PyTorch's fused CPU kernel; the 3-d form fell back to the slower unfused math path)."""
+        the first p0 and its ancestors' and its own; of those only the last `window` where window > 0
+        (a sliding window); one fused-attention call per position (4-d inputs take PyTorch's fused
+        CPU kernel; the 3-d form fell back to the slower unfused math path)."""
         H, Hkv, hd = self.heads, self.kv_heads, self.head_dim
         q = q.to(keys.dtype)
         rows = []
         for t in range(q.shape[0]):
-            seen = slice(0, p0 + t + 1) if parents is None else tree_keys(parents, t, p0)
+            if parents is None:
+                seen = slice(max(0, p0 + t + 1 - window) if window > 0 else 0, p0 + t + 1)
+            else:
+                seen = tree_keys(parents, t, p0)[-window if window > 0 else 0:]
             rows.append(F.scaled_dot_product_attention(q[t].view(1, Hkv, H // Hkv, hd), keys[None, :, seen],
-                                                       values[None, :, seen]).reshape(1, H * hd))
+                                                       values[None, :, seen], scale=self.scale).reshape(1, H * hd))
         return torch.cat(rows)
 
 
@@ -102,17 +115,17 @@ class CKernels(TorchKernels):
     """The same operations through the C kernels (csrc/)."""
 
     def __init__(self, lib, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 plan: KernelPlan | None = None, threads: int | None = None) -> None:
-        super().__init__(heads, kv_heads, head_dim, plan)
+                 plan: KernelPlan | None = None, threads: int | None = None, scale: float | None = None) -> None:
+        super().__init__(heads, kv_heads, head_dim, plan, scale)
         self.threads = threads or torch.get_num_threads()  # the library's pool runs each call on this many
         suffix = "bf16" if dtype == torch.bfloat16 else "f32"
-        self._rms_norm, self._rope_store, self._attend, self._silu_mul = (
-            getattr(lib, f"{op}_{suffix}") for op in ("rms_norm", "rope_store", "attend", "silu_mul"))
+        self._rms_norm, self._rope_store, self._attend, self._silu_mul, self._gelu_mul = (
+            getattr(lib, f"{op}_{suffix}") for op in ("rms_norm", "rope_store", "attend", "silu_mul", "gelu_mul"))
         self._q8_matmul, self._q4_matmul, self._q4f_matmul = lib.q8_matmul, lib.q4_matmul, lib.q4f_matmul
         self._q4q8_matmul, self._q8q8_matmul = lib.q4q8_matmul, lib.q8q8_matmul
         self._f32_matmul, self._decode_layers = lib.f32_matmul, lib.decode_layers
         self._q4wq8_matmul, self._q6q8_matmul = lib.q4wq8_matmul, lib.q6q8_matmul
-        self.dtype, self.scale = dtype, head_dim ** -0.5
+        self.dtype = dtype
         # 4-bit products: bf16 activations through AVX512-BF16's dot product (q4), float32 ones on any build (q4f)
         self.q4 = dtype == torch.bfloat16 and bool(lib.q4_available())
         self.q4f = dtype == torch.float32
@@ -127,10 +140,17 @@ class CKernels(TorchKernels):
         return out
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return self._activation(self._silu_mul, gate_up)
+
+    def gelu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return self._activation(self._gelu_mul, gate_up)
+
+    @staticmethod
+    def _activation(kernel, gate_up: torch.Tensor) -> torch.Tensor:
         gate_up = gate_up.contiguous()
         T, width = gate_up.shape
         out = torch.empty(T, width // 2, dtype=gate_up.dtype)
-        self._silu_mul(gate_up.data_ptr(), out.data_ptr(), T, width // 2)
+        kernel(gate_up.data_ptr(), out.data_ptr(), T, width // 2)
         return out
 
     def rope_store(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
@@ -143,13 +163,13 @@ class CKernels(TorchKernels):
         return q
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, p0: int,
-               parents: torch.Tensor | None = None) -> torch.Tensor:
+               parents: torch.Tensor | None = None, window: int = 0) -> torch.Tensor:
         T = q.shape[0]
         qf = q.float().contiguous()  # [T, H, hd]
         out = torch.empty(T, self.heads * self.head_dim, dtype=self.dtype)  # written in the cache's dtype
         if self._attend(qf.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(), T, self.heads,
-                        self.kv_heads, self.head_dim, keys.stride(0), p0 + 1, _pointer(parents), self.scale,
-                        self.threads):
+                        self.kv_heads, self.head_dim, keys.stride(0), p0 + 1, _pointer(parents), window,
+                        self.scale, self.threads):
             raise MemoryError("attention: no memory for one query's scores")
         return out
 
@@ -218,13 +238,17 @@ class CKernels(TorchKernels):
         return y
 
     def decode_layers(self, x: torch.Tensor, weights: torch.Tensor, kinds: torch.Tensor, segments: Sequence[Segment],
-                      cos: torch.Tensor, sin: torch.Tensor, hidden: int, eps: float) -> torch.Tensor:
+                      cos: torch.Tensor, sin: torch.Tensor, hidden: int, eps: float,
+                      windows: torch.Tensor | None = None, cos_swa: torch.Tensor | None = None,
+                      sin_swa: torch.Tensor | None = None, gelu: bool = False) -> torch.Tensor:
         """Every layer of a decode forward in one call (float32 residual stream; each product of its
         kind, `PRODUCTS`): x [T, D] float32, the rows of `segments` in turn (one request each, with
         its own cache; one segment for a single forward), updated in place and returned; weights
-        [layers, 13] int64, the pointers the C kernels' decode_layers names; kinds [layers, 4] int32;
-        cos/sin [T, hd] of the rows' positions. The products run once over all T rows, RoPE and the
-        cache writes and the attention per segment over its own cache."""
+        [layers, 15] int64, the pointers the C kernels' decode_layers names; kinds [layers, 4] int32;
+        cos/sin [T, hd] of the rows' positions. `windows` [layers] int32: each layer's sliding window
+        (0: none), whose layers take RoPE from cos_swa/sin_swa [T, hd]; `gelu`: the MLP's activation
+        is gelu_mul's, else silu_mul's. The products run once over all T rows, RoPE and the cache
+        writes and the attention per segment over its own cache."""
         T, D = x.shape
         if sum(s.rows for s in segments) != T:
             raise ValueError(f"the segments hold {sum(s.rows for s in segments)} rows, x {T}")
@@ -235,9 +259,16 @@ class CKernels(TorchKernels):
             assert s.k.shape == s.v.shape and s.first + s.rows <= s.k.shape[2]
         assert kinds.dtype == torch.int32 and kinds.shape == (weights.shape[0], 4)
         cos, sin = cos.contiguous(), sin.contiguous()
-        if self._decode_layers(x.data_ptr(), T, weights.data_ptr(), kinds.data_ptr(), weights.shape[0],
-                               table.data_ptr(), len(segments), cos.data_ptr(), sin.data_ptr(), D, self.heads,
-                               self.kv_heads, self.head_dim, hidden, eps, self.scale, self.threads):
+        if windows is not None:
+            assert windows.dtype == torch.int32 and windows.shape == (weights.shape[0],)
+            cos_swa, sin_swa = cos_swa.contiguous(), sin_swa.contiguous()
+            assert cos_swa.shape == sin_swa.shape == cos.shape
+        if self._decode_layers(x.data_ptr(), T, weights.data_ptr(), kinds.data_ptr(),
+                               None if windows is None else windows.data_ptr(), weights.shape[0],
+                               table.data_ptr(), len(segments), cos.data_ptr(), sin.data_ptr(),
+                               None if windows is None else cos_swa.data_ptr(),
+                               None if windows is None else sin_swa.data_ptr(), D, self.heads, self.kv_heads,
+                               self.head_dim, hidden, int(gelu), eps, self.scale, self.threads):
             raise MemoryError("decode layers: no memory for the activations")
         return x
 
@@ -267,12 +298,13 @@ def _pointer(parents: torch.Tensor | None) -> int | None:
 
 
 def make_kernels(heads: int, kv_heads: int, head_dim: int, dim: int, dtype: torch.dtype,
-                 threads: int | None = None) -> TorchKernels:
+                 threads: int | None = None, scale: float | None = None) -> TorchKernels:
     """The C kernels of this process's kernel plan where they serve these shapes (each call on
-    `threads` threads; default: PyTorch's count now), else PyTorch's."""
+    `threads` threads; default: PyTorch's count now), else PyTorch's; `scale`: the attention's
+    query-key scale (default head_dim ** -0.5)."""
     fits = (dim % LANES == 0 and head_dim % (2 * LANES) == 0 and head_dim <= MAX_HEAD_DIM and heads % kv_heads == 0
             and dtype in (torch.bfloat16, torch.float32))
     plan, lib = kernel_plan()
     if lib is None or not fits:
-        return TorchKernels(heads, kv_heads, head_dim, plan if lib is None else None)
-    return CKernels(lib, heads, kv_heads, head_dim, dtype, plan, threads)
+        return TorchKernels(heads, kv_heads, head_dim, plan if lib is None else None, scale)
+    return CKernels(lib, heads, kv_heads, head_dim, dtype, plan, threads, scale)

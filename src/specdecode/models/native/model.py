@@ -72,6 +72,11 @@ class NativeLlama:
         self.layers, self.heads, self.kv_heads = hyper.layers, hyper.heads, hyper.kv_heads
         self.dim, self.head_dim, self.eps = hyper.dim, hyper.head_dim, hyper.eps
         self.max_positions = min(hyper.context, max_positions) if max_positions else hyper.context
+        # Gemma 3's: sliding-window layers (the whole cache is kept, the window is a mask by position,
+        # so a trim stays a trim), the query-key scale, the embeddings' scale, gelu, a logit softcap
+        self.windows = hyper.windows()
+        self.attention_scale = hyper.attention_scale or self.head_dim ** -0.5
+        self.embed_scale, self.gelu, self.softcap = hyper.embed_scale, hyper.activation == "gelu", hyper.softcap
 
         products = [self._block_products(source, i) for i in range(self.layers)]
         quantised = self._quantised_dtype(dtype)  # 8-bit activations: float32 between the products
@@ -106,18 +111,21 @@ class NativeLlama:
             weight = source.weight(name, layer)
             return None if weight is None else as_float(weight).to(self.compute_dtype)
 
-        # Qwen2's q|k|v bias (None elsewhere) and Qwen3's norms of each head's q and k (None elsewhere)
+        # Qwen2's q|k|v bias, Qwen3's and Gemma 3's norms of each head's q and k, Gemma 3's norms of the
+        # attention's and the MLP's outputs (each None where the architecture has none). Gemma's RMSNorms
+        # scale by 1 + w: llama.cpp's converter stored 1 + w, used as it is.
         biases = [[source.bias(n, i) for n in ("attn_q", "attn_k", "attn_v")] for i in range(self.layers)]
         self.blocks = [dict(attn_norm=vector("attn_norm", i), mlp_norm=vector("ffn_norm", i),
                             qkv_bias=None if b[0] is None else torch.cat(b).to(self.compute_dtype),
-                            q_norm=vector("attn_q_norm", i), k_norm=vector("attn_k_norm", i), **linears[i])
+                            q_norm=vector("attn_q_norm", i), k_norm=vector("attn_k_norm", i),
+                            post_attn_norm=vector("post_attention_norm", i), post_mlp_norm=vector("post_ffw_norm", i),
+                            **linears[i])
                        for i, b in enumerate(biases)]
         self.norm = vector("output_norm")
         self.vocab_size = self.head.out_features
-        inv_freq = 1.0 / (hyper.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
-        freqs = torch.outer(torch.arange(self.max_positions, dtype=torch.float32), inv_freq)
-        emb = torch.cat([freqs, freqs], dim=-1)  # [P, hd]
-        self.cos, self.sin = emb.cos().to(self.compute_dtype), emb.sin().to(self.compute_dtype)
+        self.cos, self.sin = self._rope_table(hyper.theta, hyper.rope_scale)
+        # the sliding layers' own RoPE base (Gemma 3), unscaled
+        self.cos_swa, self.sin_swa = self._rope_table(hyper.theta_swa) if any(self.windows) else (None, None)
         self.layer_pointers = self._layer_pointers()
         # Where the 4-bit x 8-bit products have vector integer dot products, a prompt's rows go through
         # the decode path as well (each row alone), which those dot products make no slower than the
@@ -150,7 +158,15 @@ class NativeLlama:
 
     def _use(self, compute_dtype: torch.dtype) -> None:
         self.compute_dtype = compute_dtype
-        self.kernels = make_kernels(self.heads, self.kv_heads, self.head_dim, self.dim, compute_dtype, self.n_threads)
+        self.kernels = make_kernels(self.heads, self.kv_heads, self.head_dim, self.dim, compute_dtype, self.n_threads,
+                                    self.attention_scale)
+
+    def _rope_table(self, theta: float, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's cos and sin [P, hd] of every position (times `scale`: linear scaling) with base theta."""
+        inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
+        freqs = torch.outer(torch.arange(self.max_positions, dtype=torch.float32) * scale, inv_freq)
+        emb = torch.cat([freqs, freqs], dim=-1)  # [P, hd]
+        return emb.cos().to(self.compute_dtype), emb.sin().to(self.compute_dtype)
 
     @staticmethod
     def _quantised_dtype(dtype: str) -> str | None:
@@ -165,7 +181,7 @@ class NativeLlama:
         return dtype if dtype in NativeLlama.QUANTISED else None
 
     def _layer_pointers(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The layers' weights as the C kernels' decode_layers takes them: ([layers, 13] int64
+        """The layers' weights as the C kernels' decode_layers takes them: ([layers, 15] int64
         addresses of tensors this model holds, [layers, 4] int32 product kinds), where every product
         is one the C layers run (`kernels.PRODUCTS`) with float32 activations; else None."""
         if not isinstance(self.kernels, CKernels) or self.compute_dtype != torch.float32:
@@ -174,7 +190,8 @@ class NativeLlama:
         for b in self.blocks:
             linears = [b[n] for n in PRODUCT_NAMES]
             layer = [b["attn_norm"].data_ptr(), b["mlp_norm"].data_ptr()] + [
-                0 if b[n] is None else b[n].data_ptr() for n in ("qkv_bias", "q_norm", "k_norm")]
+                0 if b[n] is None else b[n].data_ptr()
+                for n in ("qkv_bias", "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm")]
             for m in linears:
                 if isinstance(m, Int4Linear) and m.kind in PRODUCTS:
                     layer += [m.packed.data_ptr(), m.coef.data_ptr()]
@@ -278,8 +295,11 @@ class NativeLlama:
         return self._logits(hidden[0] if len(hidden) == 1 else torch.cat(hidden))
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Final hidden states [k, D] -> logits [1, k, V] float32."""
-        return self.head(self.kernels.rms_norm(h, self.norm, self.eps)).float().unsqueeze(0)
+        """Final hidden states [k, D] -> logits [1, k, V] float32 (softcapped where the model says)."""
+        logits = self.head(self.kernels.rms_norm(h, self.norm, self.eps)).float()
+        if self.softcap > 0:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits.unsqueeze(0)
 
     @torch.inference_mode()
     def forward_batch(self, calls: Sequence[ForwardCall]) -> list[torch.Tensor]:
@@ -359,29 +379,37 @@ class NativeLlama:
         attention per segment over its own cache."""
         one = len(segments) == 1
         positions = self._positions(segments[0]) if one else torch.cat([self._positions(s) for s in segments])
-        cos, sin = self.cos[positions], self.sin[positions]  # [T, hd]
+        rope = (self.cos[positions], self.sin[positions],  # [T, hd]: the global layers', then the sliding ones'
+                *((None, None) if self.cos_swa is None else (self.cos_swa[positions], self.sin_swa[positions])))
         x = self.embedding(ids)  # [T, D]
+        if self.embed_scale != 1.0:
+            x = x * self.embed_scale
         if not prefill and self.layer_pointers is not None:  # the loop below in one C call
             hidden = self.blocks[0]["gate_up"].out_features // 2
+            windows = torch.tensor(self.windows, dtype=torch.int32) if any(self.windows) else None
             x = self.kernels.decode_layers(
                 x, *self.layer_pointers, [Segment(s.rows, s.cache.k, s.cache.v, s.cache.length, s.parents)
-                                          for s in segments], cos, sin, hidden, self.eps)
+                                          for s in segments], rope[0], rope[1], hidden, self.eps, windows,
+                rope[2], rope[3], self.gelu)
         else:
             with threads.lent_to_torch(self.n_threads) if self.owns_cores else nullcontext():
-                x = self._layer_loop(x, segments, cos, sin, prefill)
+                x = self._layer_loop(x, segments, rope, prefill)
         for s in segments:
             s.cache.length += s.rows
         return x
 
-    def _layer_loop(self, x: torch.Tensor, segments: Sequence[_Segment], cos: torch.Tensor, sin: torch.Tensor,
-                    prefill: bool) -> torch.Tensor:
-        """`_layers` one operation at a time (each a call over all rows, or one per segment)."""
+    def _layer_loop(self, x: torch.Tensor, segments: Sequence[_Segment], rope: tuple, prefill: bool) -> torch.Tensor:
+        """`_layers` one operation at a time (each a call over all rows, or one per segment); rope: cos,
+        sin [T, hd] of the rows' positions for the global layers, then for the sliding ones (or None)."""
         one, bounds, start = len(segments) == 1, [], 0
         for s in segments:
             bounds.append((start, start + s.rows, s.cache.length))
             start += s.rows
+        activation = self.kernels.gelu_mul if self.gelu else self.kernels.silu_mul
         for i, b in enumerate(self.blocks):
             products = self.prefill_products[i] if prefill and self.prefill_products else b
+            window = self.windows[i]
+            cos, sin = rope[2:] if window else rope[:2]
             qkv = self._qkv_extras(products["qkv"](self.kernels.rms_norm(x, b["attn_norm"], self.eps)), b)
             parts = []
             for s, (lo, hi, p0) in zip(segments, bounds):
@@ -389,14 +417,18 @@ class NativeLlama:
                 q = self.kernels.rope_store(qkv if one else qkv[lo:hi], cos if one else cos[lo:hi],
                                            sin if one else sin[lo:hi], keys, values, p0)  # [rows, H, hd]; k, v cached
                 if prefill:  # all queries at once (the decode loop prefills a prompt alone, plain or not)
-                    parts.append(self._attend_block(q, i, s.cache, p0))
+                    parts.append(self._attend_block(q, i, s.cache, p0, window))
                 else:  # each position alone: its numerics do not depend on what shares the call
-                    parts.append(self.kernels.attend(q, keys, values, p0, s.parents))
+                    parts.append(self.kernels.attend(q, keys, values, p0, s.parents, window))
             attn = parts[0] if one else torch.cat(parts)
-            x = x + products["o"](attn)
+            x = x + self._post_norm(products["o"](attn), b["post_attn_norm"])
             gate_up = products["gate_up"](self.kernels.rms_norm(x, b["mlp_norm"], self.eps))  # [T, 2 I]
-            x = x + products["down"](self.kernels.silu_mul(gate_up))
+            x = x + self._post_norm(products["down"](activation(gate_up)), b["post_mlp_norm"])
         return x
+
+    def _post_norm(self, y: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        """Gemma 3's norm of the attention's or the MLP's output before the residual add (none elsewhere)."""
+        return y if weight is None else self.kernels.rms_norm(y, weight, self.eps)
 
     def _qkv_extras(self, qkv: torch.Tensor, block: dict) -> torch.Tensor:
         """qkv [T, (H + 2 Hkv) hd] with the layer's bias added and each head's q and k normed, where the
@@ -411,16 +443,20 @@ class NativeLlama:
             qkv = torch.cat([q, k, v], dim=1)
         return qkv
 
-    def _attend_block(self, q: torch.Tensor, layer: int, cache: NativeCache, p0: int) -> torch.Tensor:
-        """A prefill chunk's queries at once, causally: q [T, H, hd] -> [T, H hd]."""
+    def _attend_block(self, q: torch.Tensor, layer: int, cache: NativeCache, p0: int, window: int = 0) -> torch.Tensor:
+        """A prefill chunk's queries at once, causally (within the last `window` positions where > 0):
+        q [T, H, hd] -> [T, H hd]."""
         T = q.shape[0]
         H, Hkv, hd = self.heads, self.kv_heads, self.head_dim
         L = p0 + T
         keys, values = cache.k[layer, :, :L], cache.v[layer, :, :L]  # [Hkv, L, hd]
         G = H // Hkv
-        mask = torch.ones(T, L, dtype=torch.bool).tril(p0).repeat(G, 1)  # query t sees keys <= p0 + t
+        mask = torch.ones(T, L, dtype=torch.bool).tril(p0)  # query t sees keys <= p0 + t
+        if window > 0:
+            mask = mask.triu(p0 - window + 1)  # ... and > p0 + t - window
         qg = q.to(keys.dtype).view(T, Hkv, G, hd).permute(1, 2, 0, 3).reshape(Hkv, G * T, hd)
-        out = F.scaled_dot_product_attention(qg[None], keys[None], values[None], attn_mask=mask)  # [1, Hkv, G T, hd]
+        out = F.scaled_dot_product_attention(qg[None], keys[None], values[None], attn_mask=mask.repeat(G, 1),
+                                             scale=self.attention_scale)  # [1, Hkv, G T, hd]
         return out.view(Hkv, G, T, hd).permute(2, 0, 1, 3).reshape(T, H * hd)
 
     @property

@@ -173,10 +173,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.kernels_isa.restype, lib.kernels_isa.argtypes = ctypes.c_char_p, []
     for name in ("attend_f32", "attend_bf16"):
         getattr(lib, name).restype = ctypes.c_int
-        getattr(lib, name).argtypes = [p] * 4 + [i32] * 4 + [ctypes.c_long, i32, p, ctypes.c_float, i32]
+        getattr(lib, name).argtypes = [p] * 4 + [i32] * 4 + [ctypes.c_long, i32, p, i32, ctypes.c_float, i32]
     for name in ("rms_norm_f32", "rms_norm_bf16"):
         getattr(lib, name).restype, getattr(lib, name).argtypes = None, [p] * 3 + [i32] * 2 + [ctypes.c_float]
-    for name in ("silu_mul_f32", "silu_mul_bf16"):
+    for name in ("silu_mul_f32", "silu_mul_bf16", "gelu_mul_f32", "gelu_mul_bf16"):
         getattr(lib, name).restype, getattr(lib, name).argtypes = None, [p] * 2 + [i32] * 2
     for name in ("rope_store_f32", "rope_store_bf16"):
         getattr(lib, name).restype = None
@@ -189,7 +189,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     for name in ("q4_available", "q4q8_vector", "kernels_pool_workers"):
         getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, []
     lib.decode_layers.restype = ctypes.c_int
-    lib.decode_layers.argtypes = [p, i32, p, p, i32, p, i32, p, p] + [i32] * 5 + [ctypes.c_float] * 2 + [i32]
+    lib.decode_layers.argtypes = [p, i32, p, p, p, i32, p, i32] + [p] * 4 + [i32] * 6 + [ctypes.c_float] * 2 + [i32]
     return lib
 
 

@@ -23,9 +23,10 @@ import torch
 GROUP = 32  # inputs a scale covers in Q4_0, Q4_1 and Q8_0 blocks
 
 # general.architecture values the native model runs: llama (Mistral 7B's files name it too; llama.cpp's
-# converter interleaves its q and k rows for its RoPE, undone here), qwen2 (biases on q, k, v) and
-# qwen3 (an RMSNorm on each head's q and k before RoPE)
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
+# converter interleaves its q and k rows for its RoPE, undone here), qwen2 (biases on q, k, v), qwen3
+# (an RMSNorm on each head's q and k before RoPE) and gemma3 (qwen3's norms, norms of the attention's
+# and the MLP's outputs too, sliding-window layers, gelu, scaled embeddings: `Hyper`)
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 
 
 class Groups4(NamedTuple):
@@ -98,7 +99,8 @@ class Embedding:
 
 @dataclass(frozen=True)
 class Hyper:
-    """A Llama-family model's sizes (the names are transformers' config keys where they have one)."""
+    """A Llama-family model's sizes (the names are transformers' config keys where they have one), and
+    what Gemma 3 does otherwise (the defaults are a Llama's)."""
 
     layers: int
     heads: int
@@ -109,6 +111,18 @@ class Hyper:
     eps: float
     theta: float
     context: int
+    rope_scale: float = 1.0  # the global layers' positions times this in RoPE (linear scaling: 1 / factor)
+    window: int = 0  # the sliding layers' window: a query sees the keys of the last `window` positions
+    sliding: tuple[bool, ...] = ()  # which layers slide (none where empty); they take RoPE base theta_swa
+    theta_swa: float = 10000.0
+    attention_scale: float | None = None  # the query-key scale (None: head_dim ** -0.5)
+    embed_scale: float = 1.0  # the embeddings times this after the lookup (Gemma: sqrt(dim))
+    activation: str = "silu"  # the MLP's: silu(gate) * up, or "gelu" (tanh approximation) (gate) * up
+    softcap: float = 0.0  # where > 0, logits become softcap tanh(logits / softcap)
+
+    def windows(self) -> list[int]:
+        """Each layer's sliding window (0: it sees every position)."""
+        return [self.window if i < len(self.sliding) and self.sliding[i] else 0 for i in range(self.layers)]
 
 
 # llama.cpp's names of a layer's tensors, and transformers' names of the same
@@ -277,19 +291,40 @@ class GGUFSource:
         a = self.architecture
         heads = self._field(f"{a}.attention.head_count")
         dim = self._field(f"{a}.embedding_length")
-        if self._field(f"{a}.rope.scaling.type", "none") not in ("none", "linear") or \
-                self._field(f"{a}.rope.scaling.factor", 1.0) != 1.0:
-            raise ValueError(f"the native backend supports default RoPE only; {self.path.name} scales it "
-                             f"({self._field(f'{a}.rope.scaling.type')})")
-        self.hyper = Hyper(layers=self._field(f"{a}.block_count"), heads=heads,
-                           kv_heads=self._field(f"{a}.attention.head_count_kv", heads), dim=dim,
-                           head_dim=self._field(f"{a}.attention.key_length", dim // heads),
-                           hidden=self._field(f"{a}.feed_forward_length"),
+        # llama.cpp's reading: no type is linear, a factor (or the older scale_linear) divides the positions
+        scaling = self._field(f"{a}.rope.scaling.type", "linear")
+        factor = self._field(f"{a}.rope.scaling.factor", None) or self._field(f"{a}.rope.scale_linear", 0.0)
+        if scaling not in ("none", "linear"):
+            raise ValueError(f"the native backend supports default and linear RoPE only; {self.path.name} "
+                             f"scales it by {scaling}")
+        layers = self._field(f"{a}.block_count")
+        head_dim = self._field(f"{a}.attention.key_length", dim // heads)
+        self.hyper = Hyper(layers=layers, heads=heads, kv_heads=self._field(f"{a}.attention.head_count_kv", heads),
+                           dim=dim, head_dim=head_dim, hidden=self._field(f"{a}.feed_forward_length"),
                            eps=self._field(f"{a}.attention.layer_norm_rms_epsilon"),
                            theta=self._field(f"{a}.rope.freq_base", 10000.0),
-                           context=self._field(f"{a}.context_length", 4096))
+                           context=self._field(f"{a}.context_length", 4096),
+                           rope_scale=1.0 / factor if scaling == "linear" and factor else 1.0,
+                           **(self._gemma3(layers, dim, heads, head_dim) if a == "gemma3" else {}))
         self.eos_token_id = self._field("tokenizer.ggml.eos_token_id", None)
         self._tensors = self.header.tensors
+
+    def _gemma3(self, layers: int, dim: int, heads: int, head_dim: int) -> dict:
+        """Gemma 3's `Hyper` fields, as llama.cpp reads them (llama_model_gemma3::load_arch_hparams): the
+        layers slide but every `pattern`-th (6; or the file's pattern, a number or a flag a layer),
+        with RoPE base 10000 unless the file says; the query-key scale 1 / sqrt(head_dim), but
+        1 / sqrt(dim / heads) for the 62-layer 27B (llama.cpp names the model by its layer count)."""
+        a = self.architecture
+        window = self._field(f"{a}.attention.sliding_window", 0)
+        sliding = ()
+        if window > 0:
+            pattern = self._field(f"{a}.attention.sliding_window_pattern", 6)
+            sliding = (tuple(bool(p) for p in pattern) if isinstance(pattern, list)
+                       else tuple(pattern == 0 or i % pattern < pattern - 1 for i in range(layers)))
+        return dict(window=window, sliding=sliding, theta_swa=self._field(f"{a}.rope.freq_base_swa", 10000.0),
+                    attention_scale=(dim / heads if layers == 62 else head_dim) ** -0.5,
+                    embed_scale=dim ** 0.5, activation="gelu",
+                    softcap=self._field(f"{a}.final_logit_softcapping", 0.0))
 
     def _field(self, key: str, default=...):
         field = self.header.fields.get(key)

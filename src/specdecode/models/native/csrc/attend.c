@@ -6,7 +6,9 @@
  * attend: query t sees the first first_length + t keys; or, with `parents` (a draft tree: node t's
  *   parent among the new positions, -1 for the cache's last token), the cache's first
  *   first_length - 1 keys and then its ancestors' and its own, root first: the keys it would see in
- *   a chain of them. q: [queries, heads, head_dim] float32; out (the same shape), k and v (one layer
+ *   a chain of them. Either way key j of a query's keys sits at position j and the query at the
+ *   last; with a sliding `window` (> 0) it sees only the last `window` of them (positions
+ *   p - window < j <= p, llama.cpp's standard sliding window), computed as if they were all. q: [queries, heads, head_dim] float32; out (the same shape), k and v (one layer
  *   of the cache, [kv_heads, positions, head_dim], kv_stride elements between kv heads) in bf16 or
  *   float32; head_dim a multiple of 2 LANES (the bf16 dot product takes 32), at most MAX_HEAD_DIM.
  *
@@ -352,7 +354,13 @@ INTERNAL int attend_heads_per_item(int group, int heads, int queries, int thread
             for (int node = t, d = depth - 1; node >= 0; node = a->parents[node], d--)           \
                 tail[d] = split + node;                                                          \
         }                                                                                        \
-        long kv = (long)(h / a->group) * a->kv_stride;                                           \
+        int lo = a->window > 0 && length > a->window ? length - a->window : 0;                   \
+        if (lo) { /* a sliding window: keys lo.. only, as keys 0.. of slots from lo on */        \
+            int drop = lo > split ? lo - split : 0; /* the tree's path nodes before the window */ \
+            for (int d = drop; d < length - split; d++) tail[d - drop] = tail[d] - lo;           \
+            split = split - lo + drop, length -= lo;                                             \
+        }                                                                                        \
+        long kv = (long)(h / a->group) * a->kv_stride + (long)lo * a->head_dim;                  \
         long at = ((long)t * a->heads + h) * a->head_dim;                                        \
         HEADS(a->q + at, (const T *)a->k + kv, (const T *)a->v + kv, (T *)a->out + at, a->per, length, \
               a->head_dim, a->scale, scores, split, tail);                                       \
@@ -360,10 +368,10 @@ INTERNAL int attend_heads_per_item(int group, int heads, int queries, int thread
     }                                                                                            \
     int NAME(const float *q, const T *k, const T *v, T *out, int queries, int heads,             \
              int kv_heads, int head_dim, long kv_stride, int first_length, const int *parents,   \
-             float scale, int threads) {                                                         \
+             int window, float scale, int threads) {                                             \
         attention_t a = {q, k, v, out, parents, queries, heads, heads / kv_heads, head_dim,      \
                          first_length, 0, kv_stride, scale,                                      \
-                         attend_heads_per_item(heads / kv_heads, heads, queries, threads)};      \
+                         attend_heads_per_item(heads / kv_heads, heads, queries, threads), window}; \
         parallel_for(queries * (heads / a.per), threads, NAME##_item, &a);                       \
         return a.failed;                                                                         \
     }

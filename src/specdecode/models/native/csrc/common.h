@@ -1,6 +1,7 @@
 /* What the kernel files share: the includes, bf16 loads and stores, parallel_for (threads.c), the
- * vector loads and exp of attention and silu_mul, attention's per-item function (attend.c, also run
- * by layers.c), and the products' argument struct, 8-bit activations and block-function macros. */
+ * vector loads and exp of attention and the MLP's activations, attention's per-item function
+ * (attend.c, also run by layers.c), and the products' argument struct, 8-bit activations and
+ * block-function macros. */
 #ifndef SPECDECODE_COMMON_H
 #define SPECDECODE_COMMON_H
 
@@ -49,7 +50,7 @@ static inline uint16_t store_bf16(float f) { /* round to nearest even, as PyTorc
 
 static inline float store_f32(float f) { return f; }
 
-/* ---- vector loads and exp (attend.c, norm_rope.c's silu_mul) ---------------------------------- */
+/* ---- vector loads and exp (attend.c, norm_rope.c's silu_mul and gelu_mul) --------------------- */
 
 #if KERNELS_AVX512
 static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
@@ -108,7 +109,8 @@ typedef struct {
     int queries, heads, group, head_dim, first_length, failed;
     long kv_stride;
     float scale;
-    int per; /* heads an item takes: attend_heads_per_item */
+    int per;    /* heads an item takes: attend_heads_per_item */
+    int window; /* a sliding window's keys (0: every key) */
 } attention_t;
 
 /* The heads an item takes (attention_t's per) in a call of `queries` positions on `threads` threads. */

@@ -12,7 +12,7 @@
  *   arch-fallback.h    the instruction sets of a build, and which file defines each product kernel
  *   threads.c          the thread pool behind parallel_for; kernels_pool_workers
  *   isa.c              kernels_isa, q4_available, q4q8_vector: what a build runs
- *   norm_rope.c        rms_norm, rope_store, silu_mul
+ *   norm_rope.c        rms_norm, rope_store, silu_mul, gelu_mul
  *   attend.c           attention over the KV cache (AVX-512, AVX2 and portable variants)
  *   matmul.c           the products' entry points: group sums, 8-bit activations, the block loop
  *   matmul_generic.c   the portable product kernels: the reference every path is tested against
@@ -55,19 +55,24 @@ void rope_store_f32(const float *qkv, const float *cos, const float *sin, float 
 void rope_store_bf16(const uint16_t *qkv, const uint16_t *cos, const uint16_t *sin, float *q_out, uint16_t *k,
                      uint16_t *v, int rows, int heads, int kv_heads, int head_dim, long kv_stride, int first);
 
-/* The MLP's activation: gate_up [rows, 2 width] (gate | up) -> out [rows, width] = silu(gate) * up */
+/* The MLP's activation: gate_up [rows, 2 width] (gate | up) -> out [rows, width] = silu(gate) * up,
+ * or gelu(gate) * up (gelu's tanh approximation, Gemma's) */
 void silu_mul_f32(const float *gate_up, float *out, int rows, int width);
 void silu_mul_bf16(const uint16_t *gate_up, uint16_t *out, int rows, int width);
+void gelu_mul_f32(const float *gate_up, float *out, int rows, int width);
+void gelu_mul_bf16(const uint16_t *gate_up, uint16_t *out, int rows, int width);
 
 /* Causal attention over a cache layer: q [queries, heads, head_dim] float32 -> out (the same shape);
  * k, v [kv_heads][positions][head_dim], kv_stride elements between kv heads; query t sees the first
- * first_length + t keys, or its draft tree's path (parents, NULL for a chain); head_dim a multiple of
- * 2 LANES, at most MAX_HEAD_DIM. Returns nonzero when out of memory. */
+ * first_length + t keys, or its draft tree's path (parents, NULL for a chain), of those only the last
+ * `window` where window > 0 (a sliding window); head_dim a multiple of 2 LANES, at most
+ * MAX_HEAD_DIM. Returns nonzero when out of memory. */
 int attend_f32(const float *q, const float *k, const float *v, float *out, int queries, int heads, int kv_heads,
-               int head_dim, long kv_stride, int first_length, const int *parents, float scale, int threads);
+               int head_dim, long kv_stride, int first_length, const int *parents, int window, float scale,
+               int threads);
 int attend_bf16(const float *q, const uint16_t *k, const uint16_t *v, uint16_t *out, int queries, int heads,
-                int kv_heads, int head_dim, long kv_stride, int first_length, const int *parents, float scale,
-                int threads);
+                int kv_heads, int head_dim, long kv_stride, int first_length, const int *parents, int window,
+                float scale, int threads);
 
 /* ---- products y = x W^T (matmul.c and its kernels) --------------------------------------------
  * W laid out 16 outputs at a time; x [rows, in], y [rows, out]; in a multiple of 32, out of 16; each
@@ -103,13 +108,16 @@ int q6q8_matmul(const float *x, const uint8_t *q, const float *scales, float *y,
 /* The products decode_layers runs, by kind: the entry points above */
 enum { PRODUCT_Q4F, PRODUCT_Q4Q8, PRODUCT_Q4WQ8, PRODUCT_Q8, PRODUCT_Q8Q8, PRODUCT_F32, PRODUCT_Q6Q8 };
 
-/* Every layer of a decode forward: x [rows, dim] float32 updated in place; weights [layers][13]
- * pointers (norms, the q|k|v bias and the q and k norms or NULL, then each product's q and coef: the
- * enums in layers.c), kinds [layers][4] the
- * PRODUCT_ of q|k|v, o, gate|up and down; segments [count][6] int64 (layers.c); cos, sin [rows,
- * head_dim]. Returns nonzero when out of memory (or given an unknown kind). */
-int decode_layers(float *x, int rows, const void *const *weights, const int32_t *kinds, int layers,
-                  const int64_t *segments, int count, const float *cos, const float *sin, int dim, int heads,
-                  int kv_heads, int head_dim, int hidden, float eps, float scale, int threads);
+/* Every layer of a decode forward: x [rows, dim] float32 updated in place; weights [layers][15]
+ * pointers (norms, the q|k|v bias, the q and k norms and the post-attention and post-MLP norms or
+ * NULL, then each product's q and coef: the enums in layers.c), kinds [layers][4] the PRODUCT_ of
+ * q|k|v, o, gate|up and down; windows [layers] each layer's sliding window (0: none; NULL: no layer
+ * has one); segments [count][6] int64 (layers.c); cos, sin [rows, head_dim] of the rows' positions
+ * for the layers without a window, cos_swa, sin_swa for those with one; gelu: the MLP's activation
+ * is gelu_mul's (else silu_mul's). Returns nonzero when out of memory (or given an unknown kind). */
+int decode_layers(float *x, int rows, const void *const *weights, const int32_t *kinds, const int32_t *windows,
+                  int layers, const int64_t *segments, int count, const float *cos, const float *sin,
+                  const float *cos_swa, const float *sin_swa, int dim, int heads, int kv_heads, int head_dim,
+                  int hidden, int gelu, float eps, float scale, int threads);
 
 #endif

@@ -14,9 +14,13 @@
  * segment's rows over its own cache (one parallel loop over every segment's (head, row) items, each
  * computed exactly as attend_f32 computes it). x [rows, dim] float32, the residual stream, the
  * segments' rows in turn, updated in place; weights: LAYER_POINTERS per layer (the enum below);
- * cos, sin [rows, head_dim] of the rows' positions. */
+ * cos, sin [rows, head_dim] of the rows' positions (cos_swa, sin_swa for the layers with a sliding
+ * window, windows[l] > 0: Gemma 3's, with RoPE of their own base). */
 enum {
-    ATTN_NORM, MLP_NORM, QKV_BIAS, Q_NORM, K_NORM, /* the three: NULL where the architecture has none */
+    ATTN_NORM, MLP_NORM,
+    /* NULL where the architecture has none: Qwen2's q|k|v bias, Qwen3's and Gemma 3's q and k norms,
+     * Gemma 3's norms of the attention's and the MLP's outputs (before each residual add) */
+    QKV_BIAS, Q_NORM, K_NORM, POST_ATTN_NORM, POST_MLP_NORM,
     QKV, QKV_COEF, O, O_COEF, GATE_UP, GATE_UP_COEF, DOWN, DOWN_COEF, LAYER_POINTERS
 };
 enum { SEG_ROWS, SEG_K, SEG_V, SEG_POSITIONS, SEG_FIRST, SEG_PARENTS, SEGMENT_FIELDS };
@@ -54,9 +58,10 @@ static int product(int kind, const float *x, const void *q, const void *coef, fl
     }
 }
 
-int decode_layers(float *x, int rows, const void *const *weights, const int32_t *kinds, int layers,
-                  const int64_t *segments, int count, const float *cos, const float *sin, int dim, int heads,
-                  int kv_heads, int head_dim, int hidden, float eps, float scale, int threads) {
+int decode_layers(float *x, int rows, const void *const *weights, const int32_t *kinds, const int32_t *windows,
+                  int layers, const int64_t *segments, int count, const float *cos, const float *sin,
+                  const float *cos_swa, const float *sin_swa, int dim, int heads, int kv_heads, int head_dim,
+                  int hidden, int gelu, float eps, float scale, int threads) {
     const int width = (heads + 2 * kv_heads) * head_dim, attn_width = heads * head_dim;
     const long n = rows;
     float *h = malloc(sizeof(float) * n * (dim + width + 2 * attn_width + 3 * hidden + dim));
@@ -75,7 +80,7 @@ int decode_layers(float *x, int rows, const void *const *weights, const int32_t 
         int first = (int)seg[SEG_FIRST];
         attention_t a = {q + (long)r * attn_width, NULL, NULL, attn + (long)r * attn_width,
                          (const int *)(intptr_t)seg[SEG_PARENTS], (int)seg[SEG_ROWS], heads, heads / kv_heads,
-                         head_dim, first + 1, 0, seg[SEG_POSITIONS] * head_dim, scale, per};
+                         head_dim, first + 1, 0, seg[SEG_POSITIONS] * head_dim, scale, per, 0};
         att[s] = a;
         r += (int)seg[SEG_ROWS];
         start[s + 1] = start[s] + (int)seg[SEG_ROWS] * (heads / per);
@@ -85,12 +90,14 @@ int decode_layers(float *x, int rows, const void *const *weights, const int32_t 
     for (int l = 0; l < layers && !failed; l++) {
         const void *const *w = weights + (long)l * LAYER_POINTERS;
         const int32_t *kind = kinds + (long)l * 4;
+        const int window = windows ? windows[l] : 0;
+        const float *c = window ? cos_swa : cos, *sn = window ? sin_swa : sin;
         rms_norm_f32(x, w[ATTN_NORM], h, rows, dim, eps);
         failed |= product(kind[0], h, w[QKV], w[QKV_COEF], qkv, rows, dim, width, threads);
         if (w[QKV_BIAS]) /* Qwen2 */
             for (long r = 0; r < n; r++)
                 for (int i = 0; i < width; i++) qkv[r * width + i] += ((const float *)w[QKV_BIAS])[i];
-        if (w[Q_NORM]) /* Qwen3: each head's q and k normed (rows of head_dim), in place */
+        if (w[Q_NORM]) /* Qwen3, Gemma 3: each head's q and k normed (rows of head_dim), in place */
             for (long r = 0; r < n; r++) {
                 float *row = qkv + r * width;
                 rms_norm_f32(row, w[Q_NORM], row, heads, head_dim, eps);
@@ -100,19 +107,21 @@ int decode_layers(float *x, int rows, const void *const *weights, const int32_t 
             const int64_t *seg = segments + (long)s * SEGMENT_FIELDS;
             long kv_stride = att[s].kv_stride, layer_stride = kv_stride * kv_heads;
             float *kl = (float *)(intptr_t)seg[SEG_K] + l * layer_stride, *vl = (float *)(intptr_t)seg[SEG_V] + l * layer_stride;
-            rope_store_f32(qkv + (long)r * width, cos + (long)r * head_dim, sin + (long)r * head_dim, q + (long)r * attn_width,
+            rope_store_f32(qkv + (long)r * width, c + (long)r * head_dim, sn + (long)r * head_dim, q + (long)r * attn_width,
                            kl, vl, att[s].queries, heads, kv_heads, head_dim, kv_stride, att[s].first_length - 1);
-            att[s].k = kl, att[s].v = vl;
+            att[s].k = kl, att[s].v = vl, att[s].window = window;
             r += att[s].queries;
         }
         parallel_for(start[count], threads, attend_segments_item, &batch);
         for (int s = 0; s < count; s++) failed |= att[s].failed;
         failed |= product(kind[1], attn, w[O], w[O_COEF], y, rows, attn_width, dim, threads);
+        if (w[POST_ATTN_NORM]) rms_norm_f32(y, w[POST_ATTN_NORM], y, rows, dim, eps); /* Gemma 3: in place */
         for (long i = 0; i < n * dim; i++) x[i] += y[i];
         rms_norm_f32(x, w[MLP_NORM], h, rows, dim, eps);
         failed |= product(kind[2], h, w[GATE_UP], w[GATE_UP_COEF], gate_up, rows, dim, 2 * hidden, threads);
-        silu_mul_f32(gate_up, act, rows, hidden);
+        (gelu ? gelu_mul_f32 : silu_mul_f32)(gate_up, act, rows, hidden);
         failed |= product(kind[3], act, w[DOWN], w[DOWN_COEF], y, rows, hidden, dim, threads);
+        if (w[POST_MLP_NORM]) rms_norm_f32(y, w[POST_MLP_NORM], y, rows, dim, eps);
         for (long i = 0; i < n * dim; i++) x[i] += y[i];
     }
     free(h), free(att), free(start);

@@ -7,7 +7,7 @@
  *
  * rms_norm: x, out [rows, dim], weight [dim], in bf16 or float32; dim a multiple of LANES.
  * rope_store: RoPE of the new q and k; k and v written into the cache (one call instead of ~16 ops).
- * silu_mul: the MLP's silu(gate) * up.
+ * silu_mul, gelu_mul: the MLP's silu(gate) * up, or gelu(gate) * up (tanh approximation).
  */
 #include "common.h"
 
@@ -68,58 +68,82 @@ DEFINE_RMS_NORM(rms_norm_bf16, uint16_t, load_bf16, store_bf16)
 DEFINE_ROPE_STORE(rope_store_f32, float, load_f32, store_f32)
 DEFINE_ROPE_STORE(rope_store_bf16, uint16_t, load_bf16, store_bf16)
 
-/* ---- silu_mul: AVX-512, AVX2, portable -------------------------------------------------------- */
+/* ---- silu_mul and gelu_mul: AVX-512, AVX2, portable ----------------------------------------- */
 
-/* The MLP's activation: gate_up [rows, 2 width] (gate | up) -> out [rows, width] = silu(gate) * up
- * in float32, rounded once to the activation dtype (one call instead of PyTorch's chunk, silu and
- * mul). With AVX-512, 16 at a time through exp16; with AVX2, 8 through exp8. */
+/* The MLP's activation: gate_up [rows, 2 width] (gate | up) -> out [rows, width] = act(gate) * up
+ * in float32, rounded once to the activation dtype (one call instead of PyTorch's chunk, act and
+ * mul). Both activations are x sigmoid(z): silu's z = x; the tanh-approximated gelu's
+ * 0.5 x (1 + tanh(u)) with u = sqrt(2 / pi) (x + 0.044715 x^3) is x sigmoid(2 u), so its
+ * z = GELU_Z x (1 + 0.044715 x^2), GELU_Z = 2 sqrt(2 / pi). With AVX-512, 16 at a time through
+ * exp16; with AVX2, 8 through exp8. */
+#define GELU_Z 1.5957691216057308f
+
+static inline float silu_z(float x) { return x; }
+static inline float gelu_z(float x) { return GELU_Z * x * (1.0f + 0.044715f * x * x); }
+
 #if KERNELS_AVX512
-#define DEFINE_SILU_MUL(NAME, T, LOAD, LOAD16, STORE)                                            \
+static inline __m512 silu_z16(__m512 x) { return x; }
+static inline __m512 gelu_z16(__m512 x) {
+    __m512 cubic = _mm512_fmadd_ps(_mm512_mul_ps(x, x), _mm512_set1_ps(0.044715f), _mm512_set1_ps(1.0f));
+    return _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(GELU_Z)), cubic);
+}
+#define DEFINE_ACT_MUL(NAME, T, LOAD, LOAD16, STORE, Z, Z16)                                     \
     void NAME(const T *gate_up, T *out, int rows, int width) {                                   \
         for (int r = 0; r < rows; r++) {                                                         \
             const T *g = gate_up + (long)r * 2 * width, *u = g + width;                          \
             T *o = out + (long)r * width;                                                        \
             int d = 0;                                                                           \
             for (; d + 16 <= width; d += 16) {                                                   \
-                __m512 x = LOAD16(g + d), e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));      \
+                __m512 x = LOAD16(g + d), e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), Z16(x))); \
                 float y[16];                                                                     \
                 _mm512_storeu_ps(y, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), \
                                                   LOAD16(u + d)));                               \
                 for (int l = 0; l < 16; l++) o[d + l] = STORE(y[l]);                             \
             }                                                                                    \
-            for (; d < width; d++) o[d] = STORE(LOAD(g[d]) / (1.0f + expf(-LOAD(g[d]))) * LOAD(u[d])); \
+            for (; d < width; d++) o[d] = STORE(LOAD(g[d]) / (1.0f + expf(-Z(LOAD(g[d])))) * LOAD(u[d])); \
         }                                                                                        \
     }
-DEFINE_SILU_MUL(silu_mul_f32, float, load_f32, load16_f32, store_f32)
-DEFINE_SILU_MUL(silu_mul_bf16, uint16_t, load_bf16, load16_bf16, store_bf16)
+DEFINE_ACT_MUL(silu_mul_f32, float, load_f32, load16_f32, store_f32, silu_z, silu_z16)
+DEFINE_ACT_MUL(silu_mul_bf16, uint16_t, load_bf16, load16_bf16, store_bf16, silu_z, silu_z16)
+DEFINE_ACT_MUL(gelu_mul_f32, float, load_f32, load16_f32, store_f32, gelu_z, gelu_z16)
+DEFINE_ACT_MUL(gelu_mul_bf16, uint16_t, load_bf16, load16_bf16, store_bf16, gelu_z, gelu_z16)
 #elif KERNELS_AVX2
-#define DEFINE_SILU_MUL(NAME, T, LOAD, LOAD8, STORE)                                             \
+static inline __m256 silu_z8(__m256 x) { return x; }
+static inline __m256 gelu_z8(__m256 x) {
+    __m256 cubic = _mm256_fmadd_ps(_mm256_mul_ps(x, x), _mm256_set1_ps(0.044715f), _mm256_set1_ps(1.0f));
+    return _mm256_mul_ps(_mm256_mul_ps(x, _mm256_set1_ps(GELU_Z)), cubic);
+}
+#define DEFINE_ACT_MUL(NAME, T, LOAD, LOAD8, STORE, Z, Z8)                                       \
     void NAME(const T *gate_up, T *out, int rows, int width) {                                   \
         for (int r = 0; r < rows; r++) {                                                         \
             const T *g = gate_up + (long)r * 2 * width, *u = g + width;                          \
             T *o = out + (long)r * width;                                                        \
             int d = 0;                                                                           \
             for (; d + 8 <= width; d += 8) {                                                     \
-                __m256 x = LOAD8(g + d), e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));        \
+                __m256 x = LOAD8(g + d), e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), Z8(x)));    \
                 float y[8];                                                                      \
                 _mm256_storeu_ps(y, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), \
                                                   LOAD8(u + d)));                                \
                 for (int l = 0; l < 8; l++) o[d + l] = STORE(y[l]);                              \
             }                                                                                    \
-            for (; d < width; d++) o[d] = STORE(LOAD(g[d]) / (1.0f + expf(-LOAD(g[d]))) * LOAD(u[d])); \
+            for (; d < width; d++) o[d] = STORE(LOAD(g[d]) / (1.0f + expf(-Z(LOAD(g[d])))) * LOAD(u[d])); \
         }                                                                                        \
     }
-DEFINE_SILU_MUL(silu_mul_f32, float, load_f32, load8_f32, store_f32)
-DEFINE_SILU_MUL(silu_mul_bf16, uint16_t, load_bf16, load8_bf16, store_bf16)
+DEFINE_ACT_MUL(silu_mul_f32, float, load_f32, load8_f32, store_f32, silu_z, silu_z8)
+DEFINE_ACT_MUL(silu_mul_bf16, uint16_t, load_bf16, load8_bf16, store_bf16, silu_z, silu_z8)
+DEFINE_ACT_MUL(gelu_mul_f32, float, load_f32, load8_f32, store_f32, gelu_z, gelu_z8)
+DEFINE_ACT_MUL(gelu_mul_bf16, uint16_t, load_bf16, load8_bf16, store_bf16, gelu_z, gelu_z8)
 #else
-#define DEFINE_SILU_MUL(NAME, T, LOAD, STORE)                                                    \
+#define DEFINE_ACT_MUL(NAME, T, LOAD, STORE, Z)                                                  \
     void NAME(const T *gate_up, T *out, int rows, int width) {                                   \
         for (int r = 0; r < rows; r++)                                                           \
             for (int d = 0; d < width; d++) {                                                    \
                 float g = LOAD(gate_up[(long)r * 2 * width + d]);                                \
-                out[(long)r * width + d] = STORE(g / (1.0f + expf(-g)) * LOAD(gate_up[(long)r * 2 * width + width + d])); \
+                out[(long)r * width + d] = STORE(g / (1.0f + expf(-Z(g))) * LOAD(gate_up[(long)r * 2 * width + width + d])); \
             }                                                                                    \
     }
-DEFINE_SILU_MUL(silu_mul_f32, float, load_f32, store_f32)
-DEFINE_SILU_MUL(silu_mul_bf16, uint16_t, load_bf16, store_bf16)
+DEFINE_ACT_MUL(silu_mul_f32, float, load_f32, store_f32, silu_z)
+DEFINE_ACT_MUL(silu_mul_bf16, uint16_t, load_bf16, store_bf16, silu_z)
+DEFINE_ACT_MUL(gelu_mul_f32, float, load_f32, store_f32, gelu_z)
+DEFINE_ACT_MUL(gelu_mul_bf16, uint16_t, load_bf16, store_bf16, gelu_z)
 #endif
