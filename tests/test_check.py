@@ -93,12 +93,12 @@ def test_vocab_map_between_gemma_and_smollm2():
 # ---- drafts with another vocabulary: exact ------------------------------------------------------
 
 def shared_vocab(world):
-    return SharedVocabDrafter(world.other_vocab_draft, world.target.tokenizer,
-                              VocabMap.between(world.target, world.other_vocab_draft))
+    return SharedVocabDrafter(world.other_vocab_draft, VocabMap.between(world.target, world.other_vocab_draft))
 
 
 def text_drafts(world):
-    return TextDrafter(world.other_vocab_draft, world.target.tokenizer)
+    return TextDrafter(world.other_vocab_draft, world.target.tokenizer,
+                       VocabMap.between(world.target, world.other_vocab_draft))
 
 
 @pytest.mark.statistical
@@ -250,3 +250,23 @@ def test_gemma_drafted_by_smollm2_keeps_greedy_output(spec):
     result = greedy_identity(target, drafter, prompts, gamma=4, max_new_tokens=32)
     assert result.passed, result
     assert float(result.note.split()[0]) > 1.2
+
+
+def test_the_draft_reads_a_growing_context_as_a_whole_tokenisation_would():
+    """Token by token through a long passage (multi-byte characters included), the draft's tokens
+    of the context, re-read only near its end, equal its tokenizer's over the whole text."""
+    from types import SimpleNamespace
+
+    from specdecode.drafters.cross import DraftContext
+
+    tok = embedded_tokenizer()
+    text = ("Le café de la gare — où l'on sert des crêpes — ouvre à 7 h. " * 6 + "def f(x):\n    return x ** 2\n") * 3
+    ids = tok.encode(text, add_special_tokens=False)
+    vmap = VocabMap.from_tokenizers(tok, tok)
+    context = DraftContext(SimpleNamespace(tokenizer=tok), vmap)
+    context.reset_text()
+    agree = 0
+    for n in range(1, len(ids) + 1):
+        agree += context.draft_ids(ids[:n]) == tok(tok.decode(ids[:n]))["input_ids"]
+    assert context.draft_ids(ids) == tok(text)["input_ids"]
+    assert agree >= 0.95 * len(ids)

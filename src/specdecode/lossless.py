@@ -157,8 +157,15 @@ class ToyTokenizer:
                 raise ValueError(f"the toy tokenizer {self.pieces} cannot write {text[at]!r}")
         return ids
 
-    def __call__(self, text: str) -> dict:
-        return {"input_ids": self.encode(text)}
+    def __call__(self, text: str, add_special_tokens: bool = True, return_offsets_mapping: bool = False) -> dict:
+        ids = self.encode(text)
+        if not return_offsets_mapping:
+            return {"input_ids": ids}
+        offsets, at = [], 0
+        for i in ids:
+            offsets.append((at, at + len(self.pieces[i])))
+            at += len(self.pieces[i])
+        return {"input_ids": ids, "offset_mapping": offsets}
 
 
 def chi2_pvalue(samples, probs: dict, min_expected: float = 5.0) -> float:
@@ -341,10 +348,10 @@ def stand_in(drafter, world: ToyWorld, user_spec: str | None = None):
     if isinstance(drafter, ModelDrafter):
         return ModelDrafter(world.draft, min_confidence=drafter.min_confidence)
     if isinstance(drafter, SharedVocabDrafter):
-        return SharedVocabDrafter(world.other_vocab_draft, world.target.tokenizer,
-                                  VocabMap.between(world.target, world.other_vocab_draft))
+        return SharedVocabDrafter(world.other_vocab_draft, VocabMap.between(world.target, world.other_vocab_draft))
     if isinstance(drafter, TextDrafter):
-        return TextDrafter(world.other_vocab_draft, world.target.tokenizer)
+        return TextDrafter(world.other_vocab_draft, world.target.tokenizer,
+                           VocabMap.between(world.target, world.other_vocab_draft))
     if isinstance(drafter, NgramDrafter):
         return NgramDrafter(world.target.vocab, order=drafter.order, online=True, trees=drafter.proposes_trees)
     if isinstance(drafter, SuffixDrafter):

@@ -92,6 +92,7 @@ class VocabMap:
 
     to_target: torch.Tensor
     target_size: int
+    target_bytes: list  # each target id's bytes (None for a special token): the context's text, read incrementally
 
     @property
     def shared(self) -> int:
@@ -101,7 +102,8 @@ class VocabMap:
     def from_tokenizers(cls, target_tokenizer, draft_tokenizer, target_eos: Sequence[int] = (),
                         draft_eos: Sequence[int] = ()) -> VocabMap:
         target_ids: dict[bytes, int] = {}
-        for i, text in enumerate(token_bytes(target_tokenizer)):
+        target_bytes = token_bytes(target_tokenizer)
+        for i, text in enumerate(target_bytes):
             if text:  # the first id with these bytes: regular tokens come before byte-fallback duplicates
                 target_ids.setdefault(text, i)
         draft = token_bytes(draft_tokenizer)
@@ -110,7 +112,7 @@ class VocabMap:
             for i in draft_eos:
                 if i < len(to_target):
                     to_target[i] = min(target_eos)
-        return cls(to_target, len(target_tokenizer))
+        return cls(to_target, len(target_tokenizer), target_bytes)
 
     @classmethod
     def between(cls, target: Model, draft: Model) -> VocabMap:
@@ -140,20 +142,55 @@ _MAPS: dict[tuple, VocabMap] = {}
 
 class DraftContext:
     """The draft model's cache kept in step with the target's context, through text: the context's
-    target ids are decoded, re-tokenised with the draft's tokenizer, and the cache is trimmed to the
-    longest prefix it holds of those draft ids before the rest is fed."""
+    target ids are read as text, tokenised with the draft's tokenizer, and the cache is trimmed to
+    the longest prefix it holds of those draft ids before the rest is fed.
 
-    def __init__(self, model: Model, target_tokenizer) -> None:
-        self.model, self.target_tokenizer = model, target_tokenizer
+    The text grows as the context does: each new target token's bytes are appended, and only the
+    text from a few draft tokens before the old end is tokenised again (a token there may merge with
+    what follows), so a step costs the same however long the context (re-reading the whole context
+    every step made long prompts' drafting twice as costly). Where the draft would tokenise the
+    whole text otherwise, its guesses are only less likely accepted: verification stays exact."""
+
+    REREAD = 16  # characters before the old end from which the text is tokenised again
+
+    def __init__(self, model: Model, vmap: VocabMap) -> None:
+        self.model, self.target_bytes = model, vmap.target_bytes
         self.cache = None
         self.fed: list[int] = []  # the draft ids the cache holds, in order
 
     def reset(self) -> None:
         self.cache, self.fed = self.model.new_cache(), []
+        self.reset_text()
 
     def draft_ids(self, context: Sequence[int]) -> list[int]:
-        text = self.target_tokenizer.decode(list(context), skip_special_tokens=True)
-        return list(self.model.tokenizer(text)["input_ids"])  # the draft's own special tokens (its BOS) included
+        seen = self._seen
+        if len(context) < len(seen) or (seen and (context[len(seen) - 1] != seen[-1] or context[0] != seen[0])):
+            self.reset_text()
+            seen = self._seen
+        for t in context[len(seen):]:
+            if t < len(self.target_bytes) and self.target_bytes[t]:  # special tokens have no text
+                self._bytes += self.target_bytes[t]
+        seen.extend(context[len(seen):])
+        text = self._bytes.decode("utf-8", errors="replace")
+        tokenizer = self.model.tokenizer
+        if not self._ids:
+            encoding = tokenizer(text, return_offsets_mapping=True)  # the draft's own special tokens (its BOS) too
+            self._ids, self._ends = list(encoding["input_ids"]), [end for _, end in encoding["offset_mapping"]]
+            return self._ids
+        keep = len(self._ids)
+        while keep > 0 and self._ends[keep - 1] > self._ends[-1] - self.REREAD:
+            keep -= 1
+        start = self._ends[keep - 1] if keep else 0
+        encoding = tokenizer(text[start:], add_special_tokens=False, return_offsets_mapping=True)
+        self._ids = self._ids[:keep] + list(encoding["input_ids"])
+        self._ends = self._ends[:keep] + [start + end for _, end in encoding["offset_mapping"]]
+        return self._ids
+
+    def reset_text(self) -> None:
+        self._seen: list[int] = []  # the target ids read so far
+        self._bytes = bytearray()  # their text
+        self._ids: list[int] = []  # the draft's tokens of that text
+        self._ends: list[int] = []  # the character where each of those tokens ends
 
     def logits(self, context: Sequence[int]) -> torch.Tensor:
         """The draft's logits [1, V_draft] after the context (as draft ids), the cache holding it."""
@@ -186,9 +223,9 @@ class SharedVocabDrafter(BaseDrafter):
     module docstring). q over the target's ids is the restricted q scattered through the map (summed
     where two draft ids share one target id: the chance of proposing that target id)."""
 
-    def __init__(self, model: Model, target_tokenizer, vmap: VocabMap) -> None:
+    def __init__(self, model: Model, vmap: VocabMap) -> None:
         self.model, self.vmap = model, vmap
-        self.context = DraftContext(model, target_tokenizer)
+        self.context = DraftContext(model, vmap)
         self.shared_ids = (vmap.to_target >= 0).nonzero().squeeze(-1)  # [S] draft ids
         self.vocab = None  # it proposes the target's own ids (mapped)
 
@@ -223,9 +260,9 @@ class TextDrafter(BaseDrafter):
     module docstring). The last target token of the text is left out: the draft's text may end
     inside a word the target would split otherwise."""
 
-    def __init__(self, model: Model, target_tokenizer) -> None:
+    def __init__(self, model: Model, target_tokenizer, vmap: VocabMap) -> None:
         self.model, self.target_tokenizer = model, target_tokenizer
-        self.context = DraftContext(model, target_tokenizer)
+        self.context = DraftContext(model, vmap)
         self.greedy = SamplingParams(temperature=0)
         self.vocab = None
 

@@ -149,10 +149,10 @@ def model_drafter(spec: DraftSpec, target: Model, draft_model: Model):
     from .model import ModelDrafter
 
     if spec.spec.removeprefix(HYBRID).startswith(TEXT):
-        return TextDrafter(draft_model, target.tokenizer)
+        return TextDrafter(draft_model, target.tokenizer, VocabMap.between(target, draft_model))
     if draft_model.vocab.fingerprint == target.vocab.fingerprint:
         return ModelDrafter(draft_model, min_confidence=spec.min_confidence)
-    return SharedVocabDrafter(draft_model, target.tokenizer, VocabMap.between(target, draft_model))
+    return SharedVocabDrafter(draft_model, VocabMap.between(target, draft_model))
 
 
 def make_drafter(spec: DraftSpec | str, target: Model, draft_model: Model | None = None, *, backend: str = "auto",
