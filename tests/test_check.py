@@ -12,8 +12,8 @@ from conftest import run_cli
 from scipy.stats import chisquare
 
 from specdecode import SamplingParams, speculative_decode
-from specdecode.drafters.cross import SharedVocabDrafter, TextDrafter, VocabMap, token_bytes
-from specdecode.drafters.spec import DraftSpec, make_drafter
+from specdecode.drafters.cross import CrossVocabDrafter, SharedVocabDrafter, TextDrafter, VocabMap, token_bytes
+from specdecode.drafters.spec import DraftSpec, make_drafter, model_drafter
 from specdecode.lossless import ToyModel, chi2_pvalue, greedy_identity, statistical_checks, toy_world
 
 TESTS = Path(__file__).parent
@@ -101,6 +101,11 @@ def text_drafts(world):
                        VocabMap.between(world.target, world.other_vocab_draft))
 
 
+def by_sampling(world):
+    return CrossVocabDrafter(world.other_vocab_draft, world.target.tokenizer,
+                             VocabMap.between(world.target, world.other_vocab_draft))
+
+
 @pytest.mark.statistical
 @pytest.mark.parametrize("make", [shared_vocab, text_drafts])
 def test_drafts_with_another_vocabulary_match_the_target_over_whole_sequences(make):
@@ -111,7 +116,7 @@ def test_drafts_with_another_vocabulary_match_the_target_over_whole_sequences(ma
     assert all(r.passed for r in results), results
 
 
-@pytest.mark.parametrize("make", [shared_vocab, text_drafts])
+@pytest.mark.parametrize("make", [shared_vocab, text_drafts, by_sampling])
 def test_drafts_with_another_vocabulary_keep_greedy_output(make):
     world = toy_world()
     result = greedy_identity(world.target, lambda: make(world), [[0], [1, 2], [2, 2, 1], [0, 1, 0, 1]], 3, 12)
@@ -270,3 +275,14 @@ def test_the_draft_reads_a_growing_context_as_a_whole_tokenisation_would():
         agree += context.draft_ids(ids[:n]) == tok(tok.decode(ids[:n]))["input_ids"]
     assert context.draft_ids(ids) == tok(text)["input_ids"]
     assert agree >= 0.95 * len(ids)
+
+
+def test_a_draft_with_another_vocabulary_drafts_text_when_greedy_and_shared_tokens_when_sampling():
+    world = toy_world()
+    drafter = by_sampling(world)
+    drafter.reset(SamplingParams(temperature=0), None)
+    assert drafter.active is drafter.text and drafter.propose([0, 1], 3).probs is None
+    drafter.reset(SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    assert drafter.active is drafter.shared and drafter.propose([0, 1], 3).probs is not None
+    assert isinstance(model_drafter(DraftSpec("draft.gguf"), world.target, world.other_vocab_draft), CrossVocabDrafter)
+    assert isinstance(model_drafter(DraftSpec("text:draft.gguf"), world.target, world.other_vocab_draft), TextDrafter)

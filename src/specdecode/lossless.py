@@ -338,7 +338,7 @@ def stand_in(drafter, world: ToyWorld, user_spec: str | None = None):
     `module:Name` spec given) is built again by its own factory around the toy target."""
     from .drafters import (LookupThenModelDrafter, ModelDrafter, NgramDrafter, PromptLookupDrafter, SuffixCache,
                            SuffixDrafter)
-    from .drafters.cross import SharedVocabDrafter, TextDrafter, VocabMap
+    from .drafters.cross import CrossVocabDrafter, SharedVocabDrafter, TextDrafter, VocabMap
     from .drafters.spec import build_user_drafter
 
     if user_spec is not None:
@@ -347,6 +347,9 @@ def stand_in(drafter, world: ToyWorld, user_spec: str | None = None):
         return LookupThenModelDrafter(stand_in(drafter.model, world), min_match=1)
     if isinstance(drafter, ModelDrafter):
         return ModelDrafter(world.draft, min_confidence=drafter.min_confidence)
+    if isinstance(drafter, CrossVocabDrafter):
+        return CrossVocabDrafter(world.other_vocab_draft, world.target.tokenizer,
+                                 VocabMap.between(world.target, world.other_vocab_draft))
     if isinstance(drafter, SharedVocabDrafter):
         return SharedVocabDrafter(world.other_vocab_draft, VocabMap.between(world.target, world.other_vocab_draft))
     if isinstance(drafter, TextDrafter):

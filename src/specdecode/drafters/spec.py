@@ -6,10 +6,11 @@
     ngram:FILE.npz    an n-gram model fitted with `specdecode ngram fit`
     trained           the draft network shipped for the embedded target
     PATH              a draft model: a .gguf file, a transformers directory, or a `distill` output; one
-                      with another tokenizer than the target's drafts among the tokens both share
-                      (`cross.SharedVocabDrafter`)
+                      with another tokenizer than the target's drafts its text re-tokenised for the
+                      target when greedy, among the tokens both share when sampling
+                      (`cross.CrossVocabDrafter`)
     text:PATH         a draft model with another tokenizer whose greedy text is re-tokenised for the
-                      target (`cross.TextDrafter`)
+                      target whatever the sampling (`cross.TextDrafter`)
     lookup+MODEL      prompt lookup where the text repeats, MODEL (trained or a PATH) elsewhere
     module:Name       a drafter of your own: `Name` in an importable module (the current directory
                       is searched first), a class or function called with the target model (with
@@ -144,15 +145,16 @@ def load_draft_model(path: str, target: Model, backend: str = "auto", dtype: str
 
 def model_drafter(spec: DraftSpec, target: Model, draft_model: Model):
     """The drafter around a loaded draft model: its own ids where it shares the target's vocabulary,
-    else the shared tokens (TLI) or, for text:PATH, its re-tokenised text."""
-    from .cross import SharedVocabDrafter, TextDrafter, VocabMap
+    else its re-tokenised text when greedy and the shared tokens (TLI) when sampling, or, for
+    text:PATH, its re-tokenised text always."""
+    from .cross import CrossVocabDrafter, TextDrafter, VocabMap
     from .model import ModelDrafter
 
     if spec.spec.removeprefix(HYBRID).startswith(TEXT):
         return TextDrafter(draft_model, target.tokenizer, VocabMap.between(target, draft_model))
     if draft_model.vocab.fingerprint == target.vocab.fingerprint:
         return ModelDrafter(draft_model, min_confidence=spec.min_confidence)
-    return SharedVocabDrafter(draft_model, VocabMap.between(target, draft_model))
+    return CrossVocabDrafter(draft_model, target.tokenizer, VocabMap.between(target, draft_model))
 
 
 def make_drafter(spec: DraftSpec | str, target: Model, draft_model: Model | None = None, *, backend: str = "auto",
