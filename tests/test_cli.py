@@ -89,12 +89,14 @@ def test_adaptive_gamma_output_equals_baseline():
 
 
 @pytest.mark.slow
-def test_draft_with_another_vocabulary_is_refused_naming_both(tmp_path):
+def test_draft_sharing_no_token_with_the_target_is_refused_naming_both(tmp_path):
+    """A draft with another vocabulary drafts through the tokens both share (tests/test_check.py);
+    one that shares none is refused before any decoding."""
     from tokenizers import Tokenizer, models
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    vocab = {f"w{i}": i for i in range(100)}
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="w0")))
+    vocab = {f"\u2603{i}\u2604": i for i in range(100)}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="\u26030\u2604")))
     config = LlamaConfig(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1)
     draft_dir = tmp_path / "other-vocab-draft"

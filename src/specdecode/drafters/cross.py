@@ -131,9 +131,9 @@ class VocabMap:
                                  "reads the context as text, which needs both models' tokenizers")
         vmap = cls.from_tokenizers(target.tokenizer, draft.tokenizer, sorted(target.eos_token_ids),
                                    sorted(draft.eos_token_ids))
-        if vmap.shared == 0:
-            raise ValueError(f"{target.name} and {draft.name} share no token: nothing the draft proposes could be "
-                             "checked by the target")
+        if vmap.shared <= sum(1 for i in draft.eos_token_ids if i < len(vmap.to_target)):  # end of text alone
+            raise ValueError(f"the draft shares no token with the target (target vocabulary {target.vocab}, draft "
+                             f"vocabulary {draft.vocab}): nothing it proposes could be checked by the target")
         return vmap
 
 
