@@ -28,8 +28,8 @@ def _model_options(with_draft: bool = True) -> argparse.ArgumentParser:
                             help="'lookup' for prompt lookup (default), 'suffix' for suffix drafting (the most "
                                  "frequent continuation of the longest earlier match), 'trained' for the draft "
                                  "network shipped for the embedded target, a draft model path (one with another "
-                                 "tokenizer drafts among the tokens both share), text:PATH (a draft with another "
-                                 "tokenizer, its text re-tokenised), lookup+MODEL (copy where the text repeats, MODEL "
+                                 "tokenizer drafts its text re-tokenised when greedy, the tokens both share when "
+                                 "sampling), text:PATH (its text re-tokenised always), lookup+MODEL (copy where the text repeats, MODEL "
                                  "elsewhere, e.g. lookup+trained), ngram:FILE.npz, or module:Name for a drafter of "
                                  "your own")
     common.add_argument("--backend", default="auto", choices=["auto", "hf", "llama.cpp", "native"],
