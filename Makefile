@@ -37,7 +37,7 @@ test: setup
 	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile
 
 check: setup
-	$(VENV)/bin/python -m pytest -q -x -m "not slow and not statistical"
+	$(VENV)/bin/python -m pytest -q -x -n 2 --dist loadfile -m "not slow and not statistical"
 
 bench: setup
 	$(VENV)/bin/python benchmarks/generate_vs_baseline.py --out benchmarks/results/generate_vs_baseline_bfloat16.md

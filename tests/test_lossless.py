@@ -5,21 +5,20 @@ import importlib
 
 import pytest
 import torch
+from toy import ToyCache, ToyModel
 
 from specdecode import (LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams,
-                        autoregressive_decode, speculative_decode)
+                        autoregressive_decode, lossless, speculative_decode)
 from specdecode.drafters import BaseDrafter, SuffixCache, SuffixDrafter
 from specdecode.drafters.tree import sample_tree
+from specdecode.lossless import toy_world
 from specdecode.sampling import sample
 from specdecode.verify import verify
-from stats import chi2_pvalue
-from toy import ToyCache, ToyModel, sequence_distribution
 
 VERIFIER = importlib.import_module("specdecode.verify")  # the module (the package exports its `verify` function)
 
 LENGTH = 6  # new tokens; longer than gamma + 1 so every gamma runs full iterations and rollbacks
 SAMPLES = 2_000  # sized by power: the broken loops below score p < 1e-20 at this size (threshold 1e-6)
-PROMPT = [0]
 SETTINGS = {
     "temperature 1": SamplingParams(temperature=1.0),
     "temperature 0.7": SamplingParams(temperature=0.7),
@@ -29,25 +28,13 @@ SETTINGS = {
 
 
 def models(eos=()):
-    target = ToyModel(3, seed=1, eos_token_ids=eos)
-    draft = ToyModel(3, seed=2, scale=1.0, base=target, eos_token_ids=eos)  # resembles the target
-    return target, draft
+    world = toy_world(eos)
+    return world.target, world.draft  # a draft that resembles the target
 
 
 def whole_sequence_pvalue(drafter_for, gamma, params, eos=(), samples=SAMPLES, seed=0):
     target, draft = models(eos)
-    drafter = drafter_for(draft)
-    gen = torch.Generator().manual_seed(seed)
-    outcomes = []
-    for _ in range(samples):
-        seq = []
-        for step in speculative_decode(target, drafter, PROMPT, gamma=gamma, params=params,
-                                       max_new_tokens=LENGTH, generator=gen):
-            assert 1 <= len(step.tokens) <= gamma + 1
-            seq += step.tokens
-        outcomes.append(tuple(seq))
-    expected = sequence_distribution(target, PROMPT, params, LENGTH, frozenset(eos))
-    return chi2_pvalue(outcomes, expected)
+    return lossless.whole_sequence_pvalue(drafter_for(draft), target, gamma, params, samples, seed, eos, LENGTH)
 
 
 @pytest.mark.statistical

@@ -33,20 +33,20 @@ def _prompts(args: argparse.Namespace, target) -> list[list[int]]:
 
 
 def run_checks(args: argparse.Namespace) -> list:
-    from ..drafters.spec import load_draft_model, make_drafter
+    from ..drafters.spec import NGRAM, load_draft_model, make_drafter
     from ..lossless import greedy_identity, stand_in, statistical_checks, toy_world
 
     spec = draft_spec(args)
     user_spec = spec.spec if spec.is_user else None
     if args.target == "toy":
-        if spec.model_path is not None or spec.spec.startswith("ngram:"):
+        if spec.model_path is not None or spec.spec.startswith(NGRAM):
             raise ValueError(f"--target toy runs drafters that need no model or file; --draft {spec.spec} needs "
                              "a real target (leave --target out for the embedded model)")
+        make = lambda w: make_drafter(spec, w.target)  # noqa: E731  (lookup, suffix or a user's: any vocabulary)
         world = toy_world()
         toy_prompts = [[0], [1, 2], [2, 2, 1], [0, 1, 0, 1], [1, 1], [2, 0, 2], [0, 0, 1, 2]]
-        greedy = greedy_identity(world.target, lambda: stand_in(make_drafter(spec, world.target), world, user_spec),
-                                 toy_prompts[: args.num_prompts], args.gamma, args.max_new_tokens)
-        make = lambda w: stand_in(make_drafter(spec, w.target), w, user_spec)  # noqa: E731
+        greedy = greedy_identity(world.target, lambda: make(world), toy_prompts[: args.num_prompts], args.gamma,
+                                 args.max_new_tokens)
     else:
         use_kernels(args.kernels)
         target = load_target(args)
