@@ -227,6 +227,7 @@ class SharedVocabDrafter(BaseDrafter):
         self.model, self.vmap = model, vmap
         self.context = DraftContext(model, vmap)
         self.shared_ids = (vmap.to_target >= 0).nonzero().squeeze(-1)  # [S] draft ids
+        self.shared_targets = vmap.to_target[self.shared_ids]  # [S] their target ids
         self.vocab = None  # it proposes the target's own ids (mapped)
 
     def reset(self, params: SamplingParams, generator: torch.Generator | None) -> None:
@@ -245,7 +246,7 @@ class SharedVocabDrafter(BaseDrafter):
                 q = self.params.probs(restricted)  # [1, S]
                 x = int(self.shared_ids[int(sample(q, self.generator))])
                 q_target = torch.zeros(1, self.vmap.target_size)  # [1, V_target]
-                q_target.index_add_(1, self.vmap.to_target[self.shared_ids], q)
+                q_target.index_add_(1, self.shared_targets, q)
                 probs.append(q_target)
             tokens.append(int(self.vmap.to_target[x]))
             if i + 1 < gamma:
