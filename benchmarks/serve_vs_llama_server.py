@@ -185,9 +185,14 @@ def main() -> int:
     from specdecode.text import encode_chat, generate
 
     target = load_model(None)
-    library = ["".join(s.accepted_text + s.target_text for s in generate(
-        target, encode_chat(target.tokenizer, [{"role": "user", "content": p}]), PromptLookupDrafter(),
-        params=SamplingParams(temperature=0), max_new_tokens=args.max_tokens)) for p in prompts]
+    library, library_tokens = [], 0
+    start = time.perf_counter()
+    for p in prompts:  # timed as the server's requests are: prompt processing included
+        steps = list(generate(target, encode_chat(target.tokenizer, [{"role": "user", "content": p}]),
+                              PromptLookupDrafter(), params=SamplingParams(temperature=0), max_new_tokens=args.max_tokens))
+        library.append("".join(s.accepted_text + s.target_text for s in steps))
+        library_tokens += sum(len(s.step.tokens) for s in steps)
+    library_rate = library_tokens / (time.perf_counter() - start)
     same = {name: sum(t == lib for t, lib in zip(texts[(name, 1)], library))
             for name, c in texts if c == 1 and name.startswith("specdecode")}
 
@@ -203,10 +208,15 @@ def main() -> int:
                      f"{r['tokens_per_second']:.1f} | {r['ttft_p50'] * 1e3:.0f} ms | {r['ttft_p99'] * 1e3:.0f} ms | "
                      f"{r['latency_p50']:.2f} s | {r['latency_p99']:.2f} s |")
     lines += ["", "Greedy text through `specdecode serve` equal to the library's `generate` of the same prompt: "
-              + ", ".join(f"{name} {n}/{len(prompts)}" for name, n in same.items())]
+              + ", ".join(f"{name} {n}/{len(prompts)}" for name, n in same.items()),
+              "", f"The library itself (`text.generate` with prompt lookup, one prompt after another in this process, "
+              f"after the servers stopped): {library_tokens} tokens, {library_rate:.1f} tokens/s; "
+              + ", ".join(f"{r['server']} at 1 client {r['tokens_per_second'] / library_rate:.2f}x of it"
+                          for r in rows if r['concurrency'] == 1 and r['server'].startswith("specdecode"))]
     publish(lines, args.out)
     if args.out:
-        Path(args.out).with_suffix(".json").write_text(json.dumps(dict(rows=rows, identical=same), indent=1))
+        Path(args.out).with_suffix(".json").write_text(json.dumps(dict(rows=rows, identical=same,
+                                                                         library_tokens_per_second=library_rate), indent=1))
     return 0
 
 

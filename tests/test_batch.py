@@ -208,6 +208,24 @@ def test_the_batched_check_catches_a_broken_verifier(monkeypatch):
     assert chi2_pvalue([tuple(r.stats.tokens) for r in requests], expected) < 1e-6
 
 
+def test_a_short_prompt_behind_a_long_one_gets_its_first_token_first():
+    """The prompt rows of a step go to the shortest prompts left first: a 2-token prompt queued behind a
+    20-token one has its first token after one step, while the long one is still being fed; both end
+    with the tokens they get alone."""
+    target, draft = toy_pair(pieces=True)
+    batch = Batch(target, max_batch=2, prompt_rows=4)
+    long = batch.submit([1, 2, 3, 4, 5] * 4, None, params=GREEDY, max_new_tokens=4)
+    short = batch.submit([5, 4], None, params=GREEDY, max_new_tokens=4)
+    first = batch.step()
+    assert [r for r, _ in first] == [short]
+    assert len(long.decoding.cache) == 2  # the 2 rows the short prompt left
+    while not batch.done:
+        batch.step()
+    for r in (long, short):
+        assert r.stats.tokens == alone(target, r.prompt_ids, PromptLookupDrafter(), gamma=0, params=GREEDY,
+                                       max_new_tokens=4)
+
+
 def test_finished_and_cancelled_requests_leave_no_cache_behind():
     """Over a long run the batch holds only its active requests' caches: every other one is freed."""
     import gc

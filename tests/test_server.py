@@ -593,7 +593,7 @@ def test_completion_prompts_as_token_ids_and_tokenize_round_trips(server, client
     assert post(base, "/tokenize", {"content": 5})[0] == 400
 
 
-def test_prompt_rows_reach_the_batch_and_a_bad_value_is_refused_by_name():
+def test_prompt_rows_and_prefix_memory_reach_the_batch_and_a_bad_value_is_refused_by_name():
     from specdecode.cli.parser import build_parser
     from specdecode.cli.serve import serve_options
     from specdecode.server.engine import Engine
@@ -603,6 +603,10 @@ def test_prompt_rows_reach_the_batch_and_a_bad_value_is_refused_by_name():
     assert serve_options(parse(["serve", "--prompt-rows", "32"])).prompt_rows == 32
     with pytest.raises(ValueError, match="prompt.rows"):
         serve_options(parse(["serve", "--prompt-rows", "0"]))
+    assert serve_options(parse(["serve", "--prefix-memory", "16"])).prefix_memory == 16
+    assert serve_options(parse(["serve"])).prefix_memory == 1024
+    with pytest.raises(ValueError, match="prefix.memory"):
+        serve_options(parse(["serve", "--prefix-memory", "-1"]))
     engine = Engine(ToyModel(8, seed=1), {"lookup": "lookup"}, "lookup", prompt_rows=32)
     try:
         assert engine._batch.prompt_rows == 32

@@ -5,8 +5,8 @@ and a `text.TextPieces`. A step
 
 1. admits waiting requests into free slots (at most `max_batch` hold a cache at once);
 2. feeds prompts: where the target computes prompt rows row-invariantly, up to `prompt_rows` prompt
-   tokens join the decode forward (after the longest prefix reused from recent prompts,
-   `prefix.PrefixCache`); elsewhere one `PREFILL_CHUNK` of one prompt runs apart. Either way a long
+   tokens join the decode forward, the shortest prompts first (after the longest prefix reused from
+   recent prompts, `prefix.PrefixCache`); elsewhere one `PREFILL_CHUNK` of one prompt runs apart. Either way a long
    prompt never stalls the requests already decoding for long;
 3. plans the draft length of every decoding request together (`gamma.draft_lengths`: the cost model
    of `--gamma auto` over the batch's rows, so speculation shrinks and stops as the batch fills);
@@ -201,7 +201,10 @@ class Batch:
     def _decode(self, requests: list[BatchRequest], out: list) -> None:
         """Plan, draft, one forward over every request's rows (and pieces of prompts, up to
         `prompt_rows` of them, where the target computes prompts row-invariantly), verify."""
-        prompts = [r for r in requests if self._prompt_left(r)]
+        # the prompt rows go to the shortest prompts left first: a short prompt arriving behind a long
+        # one has its first token a step later, not after the whole long prompt
+        prompts = sorted((r for r in requests if self._prompt_left(r)),
+                         key=lambda r: len(r.prompt_ids) - len(r.decoding.cache))
         decoding = [r for r in requests if not self._prompt_left(r)]
         calls, ready, last = [], [], []  # last: whether the call ends its request's iteration
         budget = self.prompt_rows

@@ -165,6 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="prompt tokens a decode step takes beside the other requests' rows, where the target "
                             "computes prompts row by row (the native backend's w4a8): more, a new request's first "
                             "token sooner; fewer, shorter pauses for the requests already decoding (default 256)")
+    serve.add_argument("--prefix-memory", type=int, default=1024, metavar="MIB",
+                       help="memory for recent prompts' keys and values: a prompt that begins like one of them (a "
+                            "repeated system turn or document) computes only the rest; least recently used "
+                            "dropped first (default 1024 MiB; 0: none)")
     serve.add_argument("--max-queue", type=int, default=16,
                        help="requests that may wait behind a full batch (default 16); past them, 429")
     serve.add_argument("--max-tokens", type=int, default=1024,

@@ -24,7 +24,7 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
                         threads=args.threads, kernels=args.kernels, draft=args.draft,
                         also_drafts=tuple(args.also_draft), draft_backend=args.draft_backend, gamma=args.gamma,
                         max_gamma=args.max_gamma, model_names=tuple(args.model_name or ()), max_batch=args.max_batch,
-                        prompt_rows=args.prompt_rows,
+                        prompt_rows=args.prompt_rows, prefix_memory=args.prefix_memory,
                         max_queue=args.max_queue, max_tokens=args.max_tokens,
                         api_key=api_key_from_environment(args.api_key), metrics_open=args.metrics_open,
                         max_body_bytes=args.max_body_bytes, host=args.host, port=args.port)

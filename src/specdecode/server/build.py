@@ -49,6 +49,7 @@ class ServeOptions:
     model_names: tuple[str, ...] = ()  # the id responses carry, then aliases; empty: the target's file name
     max_batch: int = 16
     prompt_rows: int = 256  # prompt tokens a step feeds beside decode rows (Batch's prompt_rows)
+    prefix_memory: int = 1024  # MiB of recent prompts' keys and values kept for reuse (Batch's prefix_bytes)
     max_queue: int = 16
     max_tokens: int = 1024
     api_key: str | None = None  # None: every route is open (see api_key_from_environment)
@@ -61,6 +62,8 @@ class ServeOptions:
         if self.gamma != "auto":
             check_gamma(self.gamma, "--gamma")
         check_positive_settings(self, "max_gamma", "max_tokens", "max_body_bytes", "max_batch", "prompt_rows")
+        if not isinstance(self.prefix_memory, int) or self.prefix_memory < 0:
+            raise ValueError(f"--prefix-memory must be a whole number of MiB >= 0, got {self.prefix_memory!r}")
         check_queue_size("--max-queue", self.max_queue)
         if not 0 < self.port < 65536:
             raise ValueError(f"--port must be in 1..65535, got {self.port}")
@@ -99,6 +102,7 @@ def build_app(options: ServeOptions, target=None) -> Served:
     # a draft model loads on the backend asked for (auto: its own best), not the one auto chose for the target
     engine = Engine(target, drafts, options.draft, gamma=options.gamma, max_gamma=options.max_gamma,
                     max_queue=options.max_queue, max_batch=options.max_batch, prompt_rows=options.prompt_rows,
+                    prefix_bytes=options.prefix_memory << 20,
                     backend=options.draft_backend or options.backend, dtype=options.dtype, device=options.device,
                     threads=options.threads)
     name, *aliases = options.model_names or [Path(target.name).name.removesuffix(".gguf")]

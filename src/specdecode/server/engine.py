@@ -49,18 +49,21 @@ class Job:
 class Engine:
     """target: a loaded model; drafts: drafter name -> spec (loaded once, here); gamma: the default
     draft length or "auto" (planned over the batch); max_batch: requests decoded together; prompt_rows:
-    prompt tokens a step feeds beside the decode rows (`Batch`);
+    prompt tokens a step feeds beside the decode rows and prefix_bytes: memory for recent prompts' keys and values
+    (`Batch`);
     max_queue: requests that may wait behind them. on_finish(job) after each request; on_step(requests,
     rows) after each batched decode forward."""
 
     def __init__(self, target, drafts: dict[str, str], default_draft: str, gamma: int | str = "auto",
                  max_gamma: int = 8, max_queue: int = 16, max_batch: int = 16, prompt_rows: int = 256,
+                 prefix_bytes: int = 1 << 30,
                  on_finish: Callable[[Job], None] | None = None,
                  on_step: Callable[[int, int], None] | None = None, **load_options) -> None:
         if default_draft not in drafts:
             raise ValueError(f"the default draft {default_draft!r} is not among the loaded ones: {', '.join(drafts)}")
         check_queue_size("max_queue", max_queue)
-        self._batch = Batch(target, max_batch=max_batch, max_gamma=max_gamma, prompt_rows=prompt_rows)  # checks them
+        self._batch = Batch(target, max_batch=max_batch, max_gamma=max_gamma, prompt_rows=prompt_rows,
+                            prefix_bytes=prefix_bytes)  # checks them
         self.target = target
         self.max_batch = max_batch
         self.default_draft = default_draft
