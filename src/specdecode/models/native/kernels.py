@@ -274,7 +274,7 @@ class CKernels(TorchKernels):
 
 
 # decode_layers' product kinds (csrc/kernels.h's PRODUCT_ enum), by the Python products' `kind`
-PRODUCTS = {"q4f": 0, "q4q8": 1, "q4wq8": 2, "q8": 3, "q8q8": 4, "f32": 5, "q6q8": 6}
+PRODUCTS = {"q4f": 0, "q4q8": 1, "q4wq8": 2, "q8": 3, "q8q8": 4, "f32": 5, "q6q8": 6, "stacked": 7}
 
 
 class Segment(NamedTuple):

@@ -248,3 +248,23 @@ class Q8Linear:
             q = self.q[block, :, o]  # [T, in]
         T = ids.shape[0]
         return (q.reshape(T, scales.shape[1], -1).float() * scales[..., None]).reshape(T, -1)
+
+
+class StackedLinear:
+    """Products of different kinds over the same input, their outputs side by side (`source.Stacked`:
+    a Q4_K q|k beside a Q6_K v): each part runs on its own groups, where one fused weight would need
+    them all as float. `descriptor`: what the C layers read for it (kernels.h's PRODUCT_STACKED)."""
+
+    kind = "stacked"
+
+    def __init__(self, parts: list, kinds: dict[str, int]) -> None:
+        self.parts = parts
+        self.out_features = sum(p.out_features for p in parts)
+        fields = [len(parts)]
+        for p in parts:
+            q, coef = (p.packed, p.coef) if isinstance(p, Int4Linear) else (p.q, p.scales)
+            fields += [kinds[p.kind], q.data_ptr(), coef.data_ptr(), p.out_features]
+        self.descriptor = torch.tensor(fields, dtype=torch.int64)  # [1 + 4 parts]: the parts' tensors stay alive in them
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        return torch.cat([p(x) for p in self.parts], dim=-1)

@@ -14,9 +14,10 @@ from ..base import ForwardCall, Vocabulary, eos_ids
 from .cache import NativeCache
 from . import threads
 from .kernels import PRODUCTS, CKernels, Segment, make_kernels
-from .linear import F32Linear, Int4Linear, Linear, Q8Linear, bf16_supported, dense
+from .linear import F32Linear, Int4Linear, Linear, Q8Linear, StackedLinear, bf16_supported, dense
 from .plan import cpu_flags, kernel_plan
-from .source import DirectorySource, Embedding, GGUFSource, Groups4, Groups8, Weight, as_float, concat, open_source
+from .source import (DirectorySource, Embedding, GGUFSource, Groups4, Groups8, Stacked, Weight, as_float, concat,
+                     open_source)
 
 
 def activation_dtype() -> torch.dtype:
@@ -199,6 +200,8 @@ class NativeLlama:
                     layer += [m.q.data_ptr(), m.scales.data_ptr()]
                 elif isinstance(m, F32Linear):
                     layer += [m.w.data_ptr(), 0]
+                elif isinstance(m, StackedLinear):
+                    layer += [m.descriptor.data_ptr(), 0]
                 else:
                     return None
                 kinds.append(PRODUCTS["f32" if isinstance(m, F32Linear) else m.kind])
@@ -218,6 +221,10 @@ class NativeLlama:
         file's); 8-bit groups (Q8_0) for the head, or for a block product with 8-bit activations (a
         float head that is an 8-bit grid too)."""
         int8 = dtype == "w4a8"
+        if isinstance(weight, Stacked):  # each part on its own groups, or the whole as float
+            parts = [self._group_product(p, dtype) for p in weight.parts]
+            return (StackedLinear(parts, PRODUCTS) if int8 and all(p is not None and p.kind in PRODUCTS for p in parts)
+                    else None)
         if isinstance(weight, Groups8):
             return Q8Linear.from_groups(weight, self.kernels, int8_activations=int8) if head or int8 else None
         if isinstance(weight, Groups4):

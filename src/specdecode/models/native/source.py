@@ -55,7 +55,17 @@ class Groups8(NamedTuple):
         return (self.q.view(N, self.d.shape[1], -1).float() * self.d[..., None]).view(N, K)
 
 
-Weight = Union[torch.Tensor, Groups4, Groups8]
+class Stacked(NamedTuple):
+    """Weights of different kinds with the same inputs, stacked along their outputs (a Q4_K q|k beside
+    a Q6_K v, as llama.cpp's Q4_K_M and Q5_K_M files mix them): each part keeps its own groups."""
+
+    parts: tuple  # of Groups4 / Groups8, in output order
+
+    def dense(self) -> torch.Tensor:  # [N, K] float32
+        return torch.cat([as_float(p).float() for p in self.parts])
+
+
+Weight = Union[torch.Tensor, Groups4, Groups8, Stacked]
 
 
 def as_float(weight: Weight) -> torch.Tensor:
@@ -70,7 +80,8 @@ def take_rows(weight: Weight, index: torch.Tensor) -> Weight:
 
 def concat(parts: list[Weight]) -> Weight:
     """Weights with the same inputs stacked along their outputs (q|k|v, gate|up): groups of one kind
-    stay groups, anything mixed becomes float."""
+    stay groups, groups of several kinds a `Stacked` of runs of one kind, anything with a float
+    weight float."""
     kind = type(parts[0])
     if kind is Groups8 and all(type(p) is kind for p in parts) and len({p.d.shape[1] for p in parts}) > 1:
         # groups of 32 beside Q6_K's of 16: a 32-group's scale serves both its halves, exactly
@@ -78,6 +89,15 @@ def concat(parts: list[Weight]) -> Weight:
                  for p in parts]
     if kind is not torch.Tensor and all(type(p) is kind for p in parts):
         return kind(*(torch.cat(fields) for fields in zip(*parts)))
+    if all(isinstance(p, (Groups4, Groups8)) for p in parts):
+        runs = [[parts[0]]]  # neighbours of one kind (and one group size) fused
+        for p in parts[1:]:
+            last = runs[-1][-1]
+            if type(p) is type(last) and p.d.dtype == last.d.dtype and p.d.shape[1] == last.d.shape[1]:
+                runs[-1].append(p)
+            else:
+                runs.append([p])
+        return Stacked(tuple(concat(run) for run in runs))
     return torch.cat([as_float(p).float() for p in parts])
 
 
@@ -362,6 +382,8 @@ class GGUFSource:
 
 
 def weight_rows(weight: Weight) -> int:
+    if isinstance(weight, Stacked):
+        return sum(weight_rows(p) for p in weight.parts)
     return (weight if isinstance(weight, torch.Tensor) else weight.q).shape[0]
 
 

@@ -106,7 +106,10 @@ int q6q8_matmul(const float *x, const uint8_t *q, const float *scales, float *y,
 /* ---- a decode forward (layers.c) --------------------------------------------------------------- */
 
 /* The products decode_layers runs, by kind: the entry points above */
-enum { PRODUCT_Q4F, PRODUCT_Q4Q8, PRODUCT_Q4WQ8, PRODUCT_Q8, PRODUCT_Q8Q8, PRODUCT_F32, PRODUCT_Q6Q8 };
+/* PRODUCT_STACKED: products of other kinds side by side over the same input (a Q4_K q|k beside a Q6_K
+ * v), its q an int64 table [1 + 4 parts]: the count, then each part's kind, q, coef and outputs, whose
+ * columns of y are its own in turn (coef unused) */
+enum { PRODUCT_Q4F, PRODUCT_Q4Q8, PRODUCT_Q4WQ8, PRODUCT_Q8, PRODUCT_Q8Q8, PRODUCT_F32, PRODUCT_Q6Q8, PRODUCT_STACKED };
 
 /* Every layer of a decode forward: x [rows, dim] float32 updated in place; weights [layers][15]
  * pointers (norms, the q|k|v bias, the q and k norms and the post-attention and post-MLP norms or

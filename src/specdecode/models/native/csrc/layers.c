@@ -42,11 +42,14 @@ static void attend_segments_item(void *ctx, int item) {
     attend_f32_item(&b->a[lo], item - b->start[lo]);
 }
 
+static int stacked(const float *x, const int64_t *table, float *y, int rows, int in, int out, int threads);
+
 /* y = x W^T for a product of `kind` (weights q and coef in its layout); nonzero when out of memory
  * or for an unknown kind */
 static int product(int kind, const float *x, const void *q, const void *coef, float *y, int rows, int in, int out,
                    int threads) {
     switch (kind) {
+    case PRODUCT_STACKED: return stacked(x, q, y, rows, in, out, threads);
     case PRODUCT_Q4F: return q4f_matmul(x, q, coef, y, rows, in, out, threads);
     case PRODUCT_Q4Q8: return q4q8_matmul(x, q, coef, y, rows, in, out, threads);
     case PRODUCT_Q4WQ8: return q4wq8_matmul(x, q, coef, y, rows, in, out, threads);
@@ -56,6 +59,25 @@ static int product(int kind, const float *x, const void *q, const void *coef, fl
     case PRODUCT_F32: f32_matmul(x, q, y, rows, in, out, threads); return 0;
     default: return 1;
     }
+}
+
+/* PRODUCT_STACKED (kernels.h): each part into a buffer of its own, then into its columns of y */
+static int stacked(const float *x, const int64_t *table, float *y, int rows, int in, int out, int threads) {
+    int at = 0;
+    for (int i = 0; i < table[0]; i++) {
+        const int64_t *part = table + 1 + 4 * i;
+        const int width = (int)part[3];
+        float *py = malloc(sizeof(float) * (long)rows * width);
+        if (!py || part[0] == PRODUCT_STACKED || at + width > out ||
+            product((int)part[0], x, (const void *)part[1], (const void *)part[2], py, rows, in, width, threads)) {
+            free(py);
+            return 1;
+        }
+        for (int r = 0; r < rows; r++) memcpy(y + (long)r * out + at, py + (long)r * width, sizeof(float) * width);
+        free(py);
+        at += width;
+    }
+    return at != out;
 }
 
 int decode_layers(float *x, int rows, const void *const *weights, const int32_t *kinds, const int32_t *windows,
