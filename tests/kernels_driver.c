@@ -65,8 +65,13 @@ static int threads = 2;
 static void run_q4q8(const float *x, float *y, int rows) { q4q8_matmul(x, q4, coef, y, rows, IN, OUT, threads); }
 static void run_q8q8(const float *x, float *y, int rows) { q8q8_matmul(x, q8, scales, y, rows, IN, OUT, threads); }
 static const float *wide_coef;
-static void run_q4wq8(const float *x, float *y, int rows) { q4wq8_matmul(x, q4, wide_coef, y, rows, IN, OUT, threads); }
 static void run_q6q8(const float *x, float *y, int rows) { q6q8_matmul(x, q8, wide_coef, y, rows, IN, OUT, threads); }
+/* the K-quants' products take inputs in super-blocks of 256: IN_K of them, their coefficients' bytes
+ * float16 d and -dmin, then 6-bit scales and mins (kernels.h) */
+enum { IN_K = 512 };
+static const uint8_t *k_coef, *q5;
+static void run_q4kq8(const float *x, float *y, int rows) { q4kq8_matmul(x, q4, k_coef, y, rows, IN_K, OUT, threads); }
+static void run_q5kq8(const float *x, float *y, int rows) { q5kq8_matmul(x, q5, k_coef, y, rows, IN_K, OUT, threads); }
 static void run_q4f(const float *x, float *y, int rows) { q4f_matmul(x, q4, coef, y, rows, IN, OUT, threads); }
 static void run_q8(const float *x, float *y, int rows) {
     q8_matmul(x, (const int8_t *)q8, scales, y, rows, IN, OUT, threads);
@@ -87,11 +92,21 @@ int main(int argc, char **argv) {
     coef = halves((long)OUT / 16 * IN / 32 * 32);
     scales = floats((long)OUT / 16 * IN / 32 * 16, 0.01f);
     wide_coef = floats((long)OUT / 16 * IN / 32 * 32, 0.01f);
+    q5 = bytes((long)OUT * IN_K / 8 * 5); /* 320 bytes a group of 32 inputs x 16 outputs */
+    uint8_t *kq = bytes((long)OUT / 16 * IN_K / 256 * 320);
+    for (long b = 0; b < (long)OUT / 16 * IN_K / 256; b++) { /* d, -dmin: float16 halves; sc, m: 6 bits */
+        uint16_t *h = halves(32);
+        memcpy(kq + b * 320, h, 64);
+        free(h);
+        for (int i = 64; i < 320; i++) kq[b * 320 + i] &= 63;
+    }
+    k_coef = kq;
     weight = floats((long)OUT * IN, 0.05f);
     norm_weight = floats(IN, 1.0f);
     check_product("q4q8_matmul", run_q4q8, x, IN, OUT);
     check_product("q8q8_matmul", run_q8q8, x, IN, OUT);
-    check_product("q4wq8_matmul", run_q4wq8, x, IN, OUT);
+    check_product("q4kq8_matmul", run_q4kq8, x, IN_K, OUT);
+    check_product("q5kq8_matmul", run_q5kq8, x, IN_K, OUT);
     check_product("q6q8_matmul", run_q6q8, x, IN, OUT); /* wide_coef holds in / 16 scales an output block */
     check_product("q4f_matmul", run_q4f, x, IN, OUT);
     check_product("q8_matmul", run_q8, x, IN, OUT);

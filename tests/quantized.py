@@ -2,7 +2,7 @@
 
 import torch
 
-from specdecode.models.native.source import Groups4, Groups8
+from specdecode.models.native.source import Groups8, GroupsK
 
 
 def q4_grid(out_features, in_features, gen):
@@ -15,16 +15,17 @@ def q4_grid(out_features, in_features, gen):
     return (q * d + m).view(out_features, in_features)
 
 
-def q4k_groups(out_features, in_features, gen):
-    """4-bit groups made the way a Q4_K file holds them: per 256 inputs a float16 d and dmin, per 32 a
-    6-bit scale sc and min m: w = (d sc) q - (dmin m), the coefficients exact in float32 only."""
+def k_groups(out_features, in_features, gen, bits=4):
+    """4- or 5-bit groups made the way a Q4_K or Q5_K file holds them: per 256 inputs a float16 d and
+    dmin, per 32 a 6-bit scale sc and min m: w = (d sc) q - (dmin m), the coefficients exact in float32
+    only."""
     blocks = in_features // 256
-    d = (torch.rand(out_features, blocks, 1, generator=gen) * 1e-3 + 1e-4).half().float()
-    dmin = (torch.rand(out_features, blocks, 1, generator=gen) * 1e-3 + 1e-4).half().float()
-    sc = torch.randint(1, 64, (out_features, blocks, 8), generator=gen).float()
-    mn = torch.randint(0, 64, (out_features, blocks, 8), generator=gen).float()
-    q = torch.randint(0, 16, (out_features, in_features), generator=gen).to(torch.uint8)
-    return Groups4(q, (d * sc).view(out_features, -1), (-dmin * mn).view(out_features, -1))
+    d = (torch.rand(out_features, blocks, generator=gen) * 1e-3 + 1e-4).half()
+    dmin = (torch.rand(out_features, blocks, generator=gen) * 1e-3 + 1e-4).half()
+    sc = torch.randint(1, 64, (out_features, blocks * 8), generator=gen).to(torch.uint8)
+    mn = torch.randint(0, 64, (out_features, blocks * 8), generator=gen).to(torch.uint8)
+    q = torch.randint(0, 1 << bits, (out_features, in_features), generator=gen).to(torch.uint8)
+    return GroupsK(q, d, dmin, sc, mn)
 
 
 def q6k_groups(out_features, in_features, gen):

@@ -11,7 +11,7 @@ import torch
 from specdecode.models.native import plan
 from specdecode.models.native.kernels import CKernels, TorchKernels, make_kernels, tree_keys
 from specdecode.models.native.linear import F32Linear, Int4Linear, Q8Linear
-from quantized import q4_grid, q4k_groups, q6k_groups
+from quantized import k_groups, q4_grid, q6k_groups
 
 H, HKV, HD = 9, 3, 64  # SmolLM2's attention shape
 C_PATHS = [p for p in plan.runnable_paths() if p != "torch"]
@@ -309,7 +309,7 @@ def _quantisation_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return step / 2 @ weight_mass.t() * 1.001 + 1e-5
 
 
-@pytest.mark.parametrize("product", ["q4q8", "q4wq8", "q8q8", "q6q8"])
+@pytest.mark.parametrize("product", ["q4q8", "q4kq8", "q5kq8", "q8q8", "q6q8"])
 def test_int8_activation_products_give_the_portable_bits_rows_alone_within_the_rounding_bound(lib, product):
     """The integer products (activations rounded to 8 bits per group of 32, exact integer dot
     products): the same bits as the portable build's, each row the same alone and in batches, and
@@ -321,10 +321,10 @@ def test_int8_activation_products_give_the_portable_bits_rows_alone_within_the_r
         if product == "q4q8":
             weight = q4_grid(out_features, in_features, gen)
             make = lambda k: Int4Linear.quantize(weight, torch.float32, k, int8_activations=True)  # noqa: E731
-        elif product == "q4wq8":  # Q4_K's groups: d sc and -dmin m, float32 (not float16) coefficients
-            groups = q4k_groups(out_features, in_features, gen)
+        elif product in ("q4kq8", "q5kq8"):  # Q4_K's, Q5_K's groups: d sc and -dmin m from the file's fields
+            groups = k_groups(out_features, in_features, gen, bits=4 if product == "q4kq8" else 5)
             weight = groups.dense()
-            make = lambda k: Int4Linear.from_groups(groups, torch.float32, k, int8_activations=True)  # noqa: E731
+            make = lambda k: Int4Linear.from_k_quant(groups, k)  # noqa: E731
         elif product == "q6q8":  # Q6_K's: q - 32 in -32..31, a scale d sc a 16 inputs
             groups = q6k_groups(out_features, in_features, gen)
             weight = groups.dense()

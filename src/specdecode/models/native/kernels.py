@@ -124,7 +124,8 @@ class CKernels(TorchKernels):
         self._q8_matmul, self._q4_matmul, self._q4f_matmul = lib.q8_matmul, lib.q4_matmul, lib.q4f_matmul
         self._q4q8_matmul, self._q8q8_matmul = lib.q4q8_matmul, lib.q8q8_matmul
         self._f32_matmul, self._decode_layers = lib.f32_matmul, lib.decode_layers
-        self._q4wq8_matmul, self._q6q8_matmul = lib.q4wq8_matmul, lib.q6q8_matmul
+        self._q4kq8_matmul, self._q5kq8_matmul = lib.q4kq8_matmul, lib.q5kq8_matmul
+        self._q6q8_matmul = lib.q6q8_matmul
         self.dtype = dtype
         # 4-bit products: bf16 activations through AVX512-BF16's dot product (q4), float32 ones on any build (q4f)
         self.q4 = dtype == torch.bfloat16 and bool(lib.q4_available())
@@ -210,9 +211,13 @@ class CKernels(TorchKernels):
         q [out / 16, in / 32, 16, 16] uint8, coef [out / 16, in / 32, 2, 16] float16 (d, m) -> [T, out] float32."""
         return self._grouped(self._q4f_matmul, x, q, coef, "4-bit product")
 
-    def q4wq8_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
-        """q4q8_matmul with float32 coefficients: coef [out / 16, in / 32, 2, 16] float32 (d, m)."""
-        return self._grouped(self._q4wq8_matmul, x, q, coef, "4-bit product")
+    def q4kq8_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+        """q4q8_matmul for Q4_K groups: coef [out / 16, in / 256, 320] uint8 (csrc/common.h's KQ_BYTES)."""
+        return self._grouped(self._q4kq8_matmul, x, q, coef, "4-bit product")
+
+    def q5kq8_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+        """The same for Q5_K's 5-bit values: q [out / 16, in / 32, 320] uint8 (low nibbles, high bits)."""
+        return self._grouped(self._q5kq8_matmul, x, q, coef, "5-bit product")
 
     def q4q8_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
         """x [T, in] float32, quantised to 8 bits per group of 32 inside, @ W^T for W in Q4_1 groups laid
@@ -274,7 +279,7 @@ class CKernels(TorchKernels):
 
 
 # decode_layers' product kinds (csrc/kernels.h's PRODUCT_ enum), by the Python products' `kind`
-PRODUCTS = {"q4f": 0, "q4q8": 1, "q4wq8": 2, "q8": 3, "q8q8": 4, "f32": 5, "q6q8": 6, "stacked": 7}
+PRODUCTS = {"q4f": 0, "q4q8": 1, "q4kq8": 2, "q8": 3, "q8q8": 4, "f32": 5, "q6q8": 6, "stacked": 7, "q5kq8": 8}
 
 
 class Segment(NamedTuple):

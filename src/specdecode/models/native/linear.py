@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .source import Groups4, Groups8
+from .source import Groups4, Groups8, GroupsK
 
 
 def bf16_supported() -> bool:
@@ -146,9 +146,6 @@ class Int4Linear:
         N, K = groups.q.shape
         if K % cls.GROUP or N % 16:  # the kernels take outputs 16 at a time
             return None
-        wide = groups.d.dtype == torch.float32  # K-quant coefficients: only q4wq8 takes them exactly
-        if wide and not (int8_activations and getattr(kernels, "q4q8", False)):
-            return None
         q = groups.q.view(N, K // cls.GROUP, cls.GROUP)
         scale, low = groups.d.float()[..., None], groups.m.float()[..., None]  # [N, K/G, 1]
         # q4f's and q4q8's d, m: float16 [N/16, K/G, 2, 16], as the file holds them (half the bytes of a, b)
@@ -157,14 +154,7 @@ class Int4Linear:
         if int8_activations:
             if not (getattr(kernels, "q4q8", False) and dtype == torch.float32):
                 raise ValueError("8-bit activations need the C kernels with float32 activations")
-            # q4q8_matmul's layout: per 16 outputs, group and chunk c of 4 inputs, 32 bytes:
-            # byte 4o + j = q[o, 4c + j] | q[o + 8, 4c + j] << 4 (o < 8)
-            t = q.view(N // 16, 2, 8, K // cls.GROUP, 8, 4).permute(0, 3, 4, 2, 5, 1)  # [blocks, group, c, o, j, half]
-            packed = (t[..., 0] | t[..., 1] << 4).reshape(N // 16, K // cls.GROUP, 8, 32).contiguous()
-            if wide:  # q4wq8_matmul: d, m float32 [N/16, K/G, 2, 16]
-                coef = torch.cat([scale, low], dim=-1).view(N // 16, 16, K // cls.GROUP, 2).permute(0, 2, 3, 1)
-                return cls(packed, coef.contiguous(), N, kernels, kind="q4wq8")
-            return cls(packed, halves(), N, kernels, kind="q4q8")
+            return cls(_q4q8_nibbles(groups.q), halves(), N, kernels, kind="q4q8")
         if getattr(kernels, "q4f", False) and dtype == torch.float32:
             # q4f_matmul's layout: per 16 outputs and group, byte [i][o] = q[o, i] | q[o, i + 16] << 4
             t = q.view(N // 16, 16, K // cls.GROUP, 2, 16)  # [blocks, o, group, high nibble?, i]
@@ -182,10 +172,41 @@ class Int4Linear:
         scales_zeros = torch.cat([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous().to(dtype)
         return cls(packed, scales_zeros, N)
 
+    @classmethod
+    def from_k_quant(cls, groups: GroupsK, kernels) -> Int4Linear | None:
+        """K-quant groups (Q4_K, Q5_K) -> an Int4Linear on `kernels.q4kq8_matmul` (values 0..15) or
+        `q5kq8_matmul` (a value above 15), with 8-bit activations; None where the kernels lack them or
+        the shape does not fit. The coefficients stay the file's fields (common.h's KQ_BYTES layout:
+        0.625 bits a weight, against 2 for float32 d and m a group)."""
+        N, K = groups.q.shape
+        if K % 256 or N % 16 or not getattr(kernels, "q4q8", False):
+            return None
+        five = bool((groups.q > 15).any())  # a Q5_K tensor whose values all fit 4 bits runs as 4-bit, exactly
+        packed = _q4q8_nibbles(groups.q & 15).view(N // 16, K // cls.GROUP, 256)
+        if five:  # then per chunk two little-endian uint32: bit b = the high bit of chunk byte b's low, high nibble
+            t = (groups.q >> 4).view(N // 16, 2, 8, K // cls.GROUP, 8, 4).permute(0, 3, 4, 1, 2, 5)  # [.., c, half, o, j]
+            words = (t.reshape(N // 16, K // cls.GROUP, 8, 2, 32).to(torch.int64) << torch.arange(32)).sum(-1)
+            high = words.to(torch.int32).view(torch.uint8).view(N // 16, K // cls.GROUP, 64)  # the low 32 bits
+            packed = torch.cat([packed, high], dim=-1)
+        per_block = lambda t: t.view(N // 16, 16, K // 256, -1).permute(0, 2, 3, 1)  # noqa: E731  [N/16, K/256, .., 16]
+        coef = torch.cat([per_block(groups.d.view(N, -1, 1)).contiguous().view(torch.uint8).flatten(2),
+                          per_block((-groups.dmin).view(N, -1, 1)).contiguous().view(torch.uint8).flatten(2),
+                          per_block(groups.sc.view(N, -1, 8)).flatten(2), per_block(groups.mn.view(N, -1, 8)).flatten(2)],
+                         dim=-1)  # [N/16, K/256, 320]: d, -dmin (float16 [16] each), sc, mn ([8][16] each)
+        return cls(packed.contiguous(), coef.contiguous(), N, kernels, kind="q5kq8" if five else "q4kq8")
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         if self.kind == "torch":
             return torch._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed, self.GROUP, self.coef)
         return getattr(self.kernels, f"{self.kind}_matmul")(x, self.packed, self.coef)
+
+
+def _q4q8_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """4-bit values [N, K] in q4q8_matmul's layout: per 16 outputs, group of 32 and chunk c of 4 inputs,
+    32 bytes, byte 4o + j = q[o, 4c + j] | q[o + 8, 4c + j] << 4 (o < 8): [N / 16, K / 32, 8, 32]."""
+    N, K = q.shape
+    t = q.view(N // 16, 2, 8, K // 32, 8, 4).permute(0, 3, 4, 2, 5, 1)  # [blocks, group, c, o, j, half]
+    return (t[..., 0] | t[..., 1] << 4).reshape(N // 16, K // 32, 8, 32).contiguous()
 
 
 class Q8Linear:

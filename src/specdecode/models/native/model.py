@@ -16,8 +16,8 @@ from . import threads
 from .kernels import PRODUCTS, CKernels, Segment, make_kernels
 from .linear import F32Linear, Int4Linear, Linear, Q8Linear, StackedLinear, bf16_supported, dense
 from .plan import cpu_flags, kernel_plan
-from .source import (DirectorySource, Embedding, GGUFSource, Groups4, Groups8, Stacked, Weight, as_float, concat,
-                     open_source)
+from .source import (DirectorySource, Embedding, GGUFSource, Groups4, Groups8, GroupsK, Stacked, Weight, as_float,
+                     concat, open_source)
 
 
 def activation_dtype() -> torch.dtype:
@@ -229,6 +229,8 @@ class NativeLlama:
             return Q8Linear.from_groups(weight, self.kernels, int8_activations=int8) if head or int8 else None
         if isinstance(weight, Groups4):
             return Int4Linear.from_groups(weight, self.compute_dtype, self.kernels, int8_activations=int8)
+        if isinstance(weight, GroupsK):  # K-quants: integer products with 8-bit activations only
+            return Int4Linear.from_k_quant(weight, self.kernels) if int8 and self.compute_dtype == torch.float32 else None
         if head:
             return Q8Linear.quantize(weight, self.kernels, int8_activations=int8)
         return Int4Linear.quantize(weight, self.compute_dtype, self.kernels, int8_activations=int8)

@@ -4,7 +4,8 @@ no dequantisation on the way, no converted copy on disk).
 
 Both give the model the same things under llama.cpp's tensor names (`attn_q`, `ffn_down`,
 `token_embd`, ...): a `Hyper` of the architecture's sizes, and each weight as float, 4-bit groups
-(`Groups4`: Q4_0, Q4_1 and Q4_K blocks) or 8-bit groups (`Groups8`: Q8_0, Q5_0 and Q6_K blocks).
+(`Groups4`: Q4_0 and Q4_1 blocks; `GroupsK`: Q4_K and Q5_K ones) or 8-bit groups (`Groups8`: Q8_0,
+Q5_0 and Q6_K blocks).
 A GGUF type the kernels have no product for is dequantised by the `gguf` package (exact: the
 file's own values), so every file runs, those tensors as float.
 """
@@ -30,17 +31,34 @@ ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 
 
 class Groups4(NamedTuple):
-    """w = d q + m per group of 32 inputs, q in 0..15 (Q4_1; Q4_0 is m = -8 d, exact in float16; Q4_K
-    is d = d_block sc and m = -dmin_block m_group, exact in float32)."""
+    """w = d q + m per group of 32 inputs, q in 0..15 (Q4_1; Q4_0 is m = -8 d, exact in float16)."""
 
     q: torch.Tensor  # [N, K] uint8
-    d: torch.Tensor  # [N, K / 32] float16, or float32 (Q4_K)
-    m: torch.Tensor  # [N, K / 32] the same dtype
+    d: torch.Tensor  # [N, K / 32] float16
+    m: torch.Tensor  # [N, K / 32] float16
 
     def dense(self) -> torch.Tensor:  # [N, K] float32
         N, K = self.q.shape
         w = self.q.view(N, K // GROUP, GROUP).float() * self.d.float()[..., None] + self.m.float()[..., None]
         return w.view(N, K)
+
+
+class GroupsK(NamedTuple):
+    """The K-quants' 4- and 5-bit groups (Q4_K, Q5_K) as their files hold them: per super-block of 256
+    inputs d and dmin, per group of 32 a 6-bit scale sc and minimum mn; w = d sc q - dmin mn, q in
+    0..15 or 0..31 (llama.cpp's dequantize_row_q4_K and _q5_K)."""
+
+    q: torch.Tensor  # [N, K] uint8
+    d: torch.Tensor  # [N, K / 256] float16
+    dmin: torch.Tensor  # [N, K / 256] float16
+    sc: torch.Tensor  # [N, K / 32] uint8, 0..63
+    mn: torch.Tensor  # [N, K / 32] uint8, 0..63
+
+    def dense(self) -> torch.Tensor:  # [N, K] float32
+        N, K = self.q.shape
+        per = lambda block: block.float().repeat_interleave(8, dim=1)  # noqa: E731  (a super-block's, per group)
+        scale, low = per(self.d) * self.sc.float(), -(per(self.dmin) * self.mn.float())  # exact in float32
+        return (self.q.view(N, K // GROUP, GROUP).float() * scale[..., None] + low[..., None]).view(N, K)
 
 
 class Groups8(NamedTuple):
@@ -65,7 +83,7 @@ class Stacked(NamedTuple):
         return torch.cat([as_float(p).float() for p in self.parts])
 
 
-Weight = Union[torch.Tensor, Groups4, Groups8, Stacked]
+Weight = Union[torch.Tensor, Groups4, GroupsK, Groups8, Stacked]
 
 
 def as_float(weight: Weight) -> torch.Tensor:
@@ -89,7 +107,7 @@ def concat(parts: list[Weight]) -> Weight:
                  for p in parts]
     if kind is not torch.Tensor and all(type(p) is kind for p in parts):
         return kind(*(torch.cat(fields) for fields in zip(*parts)))
-    if all(isinstance(p, (Groups4, Groups8)) for p in parts):
+    if all(isinstance(p, (Groups4, GroupsK, Groups8)) for p in parts):
         runs = [[parts[0]]]  # neighbours of one kind (and one group size) fused
         for p in parts[1:]:
             last = runs[-1][-1]
@@ -410,7 +428,9 @@ def _read(tensor) -> Weight:
              else d * -8)  # Q4_0: w = d (q - 8), the float16 product exact
         return Groups4(q, d, m)
     if kind == T.Q4_K:
-        return _q4_k(data.reshape(N, -1, 144))
+        return _k_quant(data.reshape(N, -1, 144), five=False)
+    if kind == T.Q5_K:
+        return _k_quant(data.reshape(N, -1, 176), five=True)
     if kind == T.Q5_0:
         return _q5_0(data.reshape(N, -1, 22))
     if kind == T.Q6_K:
@@ -450,24 +470,26 @@ def _q6_k(blocks: np.ndarray) -> Groups8:
     return Groups8(torch.from_numpy(q.astype(np.int8)).view(N, B * 256), scale)
 
 
-def _q4_k(blocks: np.ndarray) -> Groups4:
-    """Q4_K super-blocks [N, K / 256, 144 bytes] as 4-bit groups of 32: each block holds d and dmin
-    (float16), eight 6-bit scales and mins packed in 12 bytes, and 128 bytes of nibbles (64 values a
-    32-byte run: its low nibbles, then its high ones); w = d sc q - dmin m (llama.cpp's
-    dequantize_row_q4_K)."""
+def _k_quant(blocks: np.ndarray, five: bool) -> GroupsK:
+    """Q4_K super-blocks [N, K / 256, 144 bytes] or Q5_K ones [.., 176] as their groups of 32: d and
+    dmin (float16), eight 6-bit scales and mins packed in 12 bytes, (Q5_K: 32 bytes of high bits, bit j
+    of byte l the high bit of value 32 j + l), and 128 bytes of nibbles (64 values a 32-byte run: its
+    low nibbles, then its high ones); w = d sc q - dmin m (llama.cpp's dequantize_row_q4_K, _q5_K)."""
     N, B = blocks.shape[:2]
-    d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16)[..., 0].astype(np.float32)  # [N, B]
-    dmin = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
-    packed = blocks[..., 4:16].astype(np.uint8)  # [N, B, 12]
-    sc, mn = np.empty((N, B, 8), np.float32), np.empty((N, B, 8), np.float32)
+    halves = lambda at: torch.from_numpy(np.ascontiguousarray(blocks[..., at : at + 2]).view(np.float16)[..., 0])  # noqa: E731
+    packed = blocks[..., 4:16]  # [N, B, 12] uint8
+    sc, mn = np.empty((N, B, 8), np.uint8), np.empty((N, B, 8), np.uint8)
     sc[..., :4], mn[..., :4] = packed[..., 0:4] & 63, packed[..., 4:8] & 63
     sc[..., 4:] = (packed[..., 8:12] & 15) | ((packed[..., 0:4] >> 6) << 4)
     mn[..., 4:] = (packed[..., 8:12] >> 4) | ((packed[..., 4:8] >> 6) << 4)
-    qs = torch.from_numpy(np.ascontiguousarray(blocks[..., 16:])).view(N, B, 4, 1, 32)
-    q = torch.cat([qs & 15, qs >> 4], dim=3).reshape(N, B * 256)
-    scale = torch.from_numpy(d[..., None] * sc).view(N, B * 8)  # exact: an 11-bit by a 6-bit integer
-    low = torch.from_numpy(-(dmin[..., None] * mn)).view(N, B * 8)
-    return Groups4(q, scale, low)
+    qs = torch.from_numpy(np.ascontiguousarray(blocks[..., 48 if five else 16:])).view(N, B, 4, 1, 32)
+    q = torch.cat([qs & 15, qs >> 4], dim=3).reshape(N, B, 256)  # value 32 j + l at [j, l]
+    if five:
+        high = torch.from_numpy(np.ascontiguousarray(blocks[..., 16:48]))  # [N, B, 32]: byte l, bit j
+        bits = (high[..., None, :] >> torch.arange(8, dtype=torch.uint8)[:, None]) & 1  # [N, B, 8 (j), 32 (l)]
+        q |= (bits << 4).reshape(N, B, 256)
+    return GroupsK(q.reshape(N, B * 256), halves(0), halves(2), torch.from_numpy(sc).view(N, B * 8),
+                   torch.from_numpy(mn).view(N, B * 8))
 
 
 def gguf_architecture(path: str | os.PathLike) -> str | None:

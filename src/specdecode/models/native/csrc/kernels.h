@@ -88,8 +88,12 @@ int q4f_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y,
 /* Q4_1 W with x quantised to 8 bits per 32 inputs: q [out / 16][in / 32][8][32] bytes, coef as q4f's */
 int q4q8_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y, int rows, int in, int out,
                 int threads);
-/* q4q8 with float32 coefficients (Q4_K's d sc and -dmin m): coef [out / 16][in / 32][2][16] float32 */
-int q4wq8_matmul(const float *x, const uint8_t *q, const float *coef, float *y, int rows, int in, int out,
+/* q4q8 for Q4_K: q as q4q8's, coef [out / 16][in / 256][KQ_BYTES] (common.h: the file's d, dmin, 6-bit
+ * scales and mins); in a multiple of 256 */
+int q4kq8_matmul(const float *x, const uint8_t *q, const uint8_t *coef, float *y, int rows, int in, int out,
+                 int threads);
+/* The same for Q5_K: q [out / 16][in / 32][320] bytes (q4q8's 256 of low nibbles, then the high bits) */
+int q5kq8_matmul(const float *x, const uint8_t *q, const uint8_t *coef, float *y, int rows, int in, int out,
                  int threads);
 /* Q8_0 W with x quantised to 8 bits: q [out / 16][in / 32][8][16][4] uint8 (q + 128), scales as q8's */
 int q8q8_matmul(const float *x, const uint8_t *q, const float *scales, float *y, int rows, int in, int out,
@@ -109,7 +113,8 @@ int q6q8_matmul(const float *x, const uint8_t *q, const float *scales, float *y,
 /* PRODUCT_STACKED: products of other kinds side by side over the same input (a Q4_K q|k beside a Q6_K
  * v), its q an int64 table [1 + 4 parts]: the count, then each part's kind, q, coef and outputs, whose
  * columns of y are its own in turn (coef unused) */
-enum { PRODUCT_Q4F, PRODUCT_Q4Q8, PRODUCT_Q4WQ8, PRODUCT_Q8, PRODUCT_Q8Q8, PRODUCT_F32, PRODUCT_Q6Q8, PRODUCT_STACKED };
+enum { PRODUCT_Q4F, PRODUCT_Q4Q8, PRODUCT_Q4KQ8, PRODUCT_Q8, PRODUCT_Q8Q8, PRODUCT_F32, PRODUCT_Q6Q8, PRODUCT_STACKED,
+       PRODUCT_Q5KQ8 };
 
 /* Every layer of a decode forward: x [rows, dim] float32 updated in place; weights [layers][15]
  * pointers (norms, the q|k|v bias, the q and k norms and the post-attention and post-MLP norms or

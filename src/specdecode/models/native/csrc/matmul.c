@@ -154,12 +154,19 @@ int q4q8_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y
     return int8_activation_product(q4q8_blocks, x, q, coef, y, rows, in, out, threads);
 }
 
-/* q4q8_matmul with float32 coefficients, coef [out / 16][in / 32][2][16] float32 (d, m): the 4-bit
- * groups whose scale and minimum are products of a super-block's and a group's own (the K-quants'
- * Q4_K: d sc and -dmin m, exact in float32, not in float16). The same operations otherwise. */
-int q4wq8_matmul(const float *x, const uint8_t *q, const float *coef, float *y, int rows, int in, int out,
+/* q4q8_matmul for the K-quants' 4-bit groups, whose scale and minimum are products of a super-block's
+ * and a group's own (Q4_K: d sc and -dmin m, exact in float32, not in float16), formed in the kernel
+ * from the file's own fields (coef: common.h's KQ_BYTES layout). The same operations otherwise. */
+int q4kq8_matmul(const float *x, const uint8_t *q, const uint8_t *coef, float *y, int rows, int in, int out,
                  int threads) {
-    return int8_activation_product(q4wq8_blocks, x, q, coef, y, rows, in, out, threads);
+    return int8_activation_product(q4kq8_blocks, x, q, coef, y, rows, in, out, threads);
+}
+
+/* q4kq8_matmul for Q5_K's 5-bit values: each group's low nibbles as q4q8's, then its high bits
+ * (common.h's FORMAT_K5). */
+int q5kq8_matmul(const float *x, const uint8_t *q, const uint8_t *coef, float *y, int rows, int in, int out,
+                 int threads) {
+    return int8_activation_product(q5kq8_blocks, x, q, coef, y, rows, in, out, threads);
 }
 
 /* y = x W^T for an 8-bit weight in groups of 32 inputs, w = scale q (Q8_0, the embedded model's LM

@@ -120,42 +120,85 @@ INTERNAL void q8_blocks(void *ctx, int nb) {
 /* ---- 8-bit activations: q4q8, q8q8 on vpmaddubsw (where there is no AVX512-VNNI) ------------- */
 
 #if INT8_PRODUCTS_AVX2
+/* 32 bits as 32 bytes, 16 where the bit is set (FORMAT_K5's high bits of one chunk's nibbles) */
+static inline __m256i high_bits(const uint8_t *p) {
+    int32_t bits;
+    memcpy(&bits, p, 4);
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2,
+                                            3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(bits), spread), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(16));
+}
+
+/* 8 bytes as float32 */
+static inline __m256 bytes_ps(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* s[r][h] (int16 pairs) = row r's products with chunks c0..c1 - 1 of a group, outputs 8h.. (see below) */
+static inline __attribute__((always_inline)) void chunk_sums(const q8_rows_t *a, const uint8_t *grp, __m256i s[4][2],
+                                                             int in, int g, int r0, const int R, const int c0,
+                                                             const int c1, const int format) {
+    const __m256i nibble = _mm256_set1_epi8(15);
+    for (int r = 0; r < R; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
+    for (int c = c0; c < c1; c++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(grp + c * 32));
+        __m256i lo = _mm256_and_si256(v, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+        if (format == FORMAT_K5) {
+            lo = _mm256_or_si256(lo, high_bits(grp + 256 + c * 8));
+            hi = _mm256_or_si256(hi, high_bits(grp + 256 + c * 8 + 4));
+        }
+        for (int r = 0; r < R; r++) {
+            int32_t chunk;
+            memcpy(&chunk, a->q + (long)(r0 + r) * in + g * 32 + c * 4, 4);
+            __m256i xb = _mm256_set1_epi32(chunk);
+            s[r][0] = _mm256_add_epi16(s[r][0], _mm256_maddubs_epi16(lo, xb));
+            s[r][1] = _mm256_add_epi16(s[r][1], _mm256_maddubs_epi16(hi, xb));
+        }
+    }
+}
+
 /* R rows (1-4) of one 16-output block: per chunk of 4 inputs one load and two masks unpack 32
  * weights for all R rows; vpmaddubsw (u8 weight x s8 activation, pairs summed into int16) runs
- * the 8 chunks of a group in int16 (at most 16 products of 15 x 127: 30480, no overflow), and
- * vpmaddwd sums the pairs into one int32 per output. */
+ * the chunks in int16 (at most 16 products of 15 x 127: 30480, no overflow; with Q5_K's 5-bit
+ * values 8 products of 31 x 127 at most, so 4 chunks at a time), and vpmaddwd sums the pairs into
+ * one int32 per output. `format`: common.h's FORMAT_ (the coefficients' layout, the values' bits). */
 static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const void *cb,
                                                             float *y, int in, int out, int nb, int r0, const int R,
-                                                            const int wide) {
-    const int groups = in / 32;
-    const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+                                                            const int format) {
+    const int groups = in / 32, group_bytes = Q4Q8_GROUP_BYTES(format), run = format == FORMAT_K5 ? 4 : 8;
+    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int g = 0; g < groups; g++) {
-        const uint8_t *grp = qb + (long)g * 256;
-        for (int line = 0; line < 256; line += 64) _mm_prefetch((const char *)(grp + 8 * 256 + line), _MM_HINT_T0);
-        __m256i s[4][2];
-        for (int r = 0; r < R; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
-        for (int c = 0; c < 8; c++) {
-            __m256i v = _mm256_loadu_si256((const __m256i *)(grp + c * 32));
-            __m256i lo = _mm256_and_si256(v, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-            for (int r = 0; r < R; r++) {
-                int32_t chunk;
-                memcpy(&chunk, a->q + (long)(r0 + r) * in + g * 32 + c * 4, 4);
-                __m256i xb = _mm256_set1_epi32(chunk);
-                s[r][0] = _mm256_add_epi16(s[r][0], _mm256_maddubs_epi16(lo, xb));
-                s[r][1] = _mm256_add_epi16(s[r][1], _mm256_maddubs_epi16(hi, xb));
-            }
+        const uint8_t *grp = qb + (long)g * group_bytes;
+        for (int line = 0; line < group_bytes; line += 64)
+            _mm_prefetch((const char *)(grp + 8 * group_bytes + line), _MM_HINT_T0);
+        __m256i S[4][2], s[4][2];
+        chunk_sums(a, grp, s, in, g, r0, R, 0, run, format);
+        for (int r = 0; r < R; r++)
+            for (int h = 0; h < 2; h++) S[r][h] = _mm256_madd_epi16(s[r][h], ones);
+        if (run < 8) { /* FORMAT_K5: the other 4 chunks */
+            chunk_sums(a, grp, s, in, g, r0, R, 4, 8, format);
+            for (int r = 0; r < R; r++)
+                for (int h = 0; h < 2; h++) S[r][h] = _mm256_add_epi32(S[r][h], _mm256_madd_epi16(s[r][h], ones));
         }
+        const uint8_t *kq = (const uint8_t *)cb + (long)(g / 8) * KQ_BYTES; /* K-quants: the super-block's */
         for (int h = 0; h < 2; h++) {
-            __m256 d = wide ? _mm256_loadu_ps((const float *)cb + g * 32 + 8 * h)
-                            : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)cb + g * 32 + 8 * h)));
-            __m256 m = wide ? _mm256_loadu_ps((const float *)cb + g * 32 + 16 + 8 * h)
-                            : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)cb + g * 32 + 16 + 8 * h)));
+            __m256 d, m;
+            if (format == FORMAT_Q4) {
+                d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)cb + g * 32 + 8 * h)));
+                m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)cb + g * 32 + 16 + 8 * h)));
+            } else {
+                d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kq + 16 * h))),
+                                  bytes_ps(kq + KQ_SC + (g % 8) * 16 + 8 * h));
+                m = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kq + 32 + 16 * h))),
+                                  bytes_ps(kq + KQ_M + (g % 8) * 16 + 8 * h));
+            }
             for (int r = 0; r < R; r++) {
                 const int at = (r0 + r) * groups + g;
-                __m256 S = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[r][h], ones));
-                acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(a->d[at])), S,
+                acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(a->d[at])), _mm256_cvtepi32_ps(S[r][h]),
                                             _mm256_fmadd_ps(m, _mm256_set1_ps(a->s[at]), acc[r][h]));
             }
         }

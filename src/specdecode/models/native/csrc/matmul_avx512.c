@@ -14,30 +14,45 @@
  * all R rows from one unpacking. */
 static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const void *cb,
                                                             float *y, int in, int out, int nb, int r0, const int R,
-                                                            const int wide) {
-    const int groups = in / 32;
-    const __m512i nibble = _mm512_set1_epi8(15);
+                                                            const int format) {
+    const int groups = in / 32, group_bytes = Q4Q8_GROUP_BYTES(format);
+    const __m512i nibble = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
     const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
     __m512 acc[8];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int g = 0; g < groups; g++) {
-        const uint8_t *grp = qb + (long)g * 256;
-        for (int line = 0; line < 256; line += 64) _mm_prefetch((const char *)(grp + 8 * 256 + line), _MM_HINT_T0);
+        const uint8_t *grp = qb + (long)g * group_bytes;
+        for (int line = 0; line < group_bytes; line += 64)
+            _mm_prefetch((const char *)(grp + 8 * group_bytes + line), _MM_HINT_T0);
         __m512i S[8];
         for (int r = 0; r < R; r++) S[r] = _mm512_setzero_si512();
         for (int c = 0; c < 8; c++) {
             __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(grp + c * 32)));
             __m512i w = _mm512_and_si512(_mm512_srlv_epi16(v, shift), nibble);
+            if (format == FORMAT_K5) { /* the chunk's 64 high bits are the lanes' own, in order: 16 where set */
+                uint64_t bits;
+                memcpy(&bits, grp + 256 + c * 8, 8);
+                w = _mm512_mask_add_epi8(w, (__mmask64)bits, w, sixteen);
+            }
             for (int r = 0; r < R; r++) {
                 int32_t chunk;
                 memcpy(&chunk, a->q + (long)(r0 + r) * in + g * 32 + c * 4, 4);
                 S[r] = _mm512_dpbusd_epi32(S[r], w, _mm512_set1_epi32(chunk));
             }
         }
-        __m512 d = wide ? _mm512_loadu_ps((const float *)cb + g * 32)
-                        : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)cb + g * 32)));
-        __m512 m = wide ? _mm512_loadu_ps((const float *)cb + g * 32 + 16)
-                        : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)cb + g * 32 + 16)));
+        __m512 d, m;
+        if (format == FORMAT_Q4) {
+            d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)cb + g * 32)));
+            m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)cb + g * 32 + 16)));
+        } else { /* K-quants: the super-block's d and -dmin times the group's 6-bit sc and m */
+            const uint8_t *kq = (const uint8_t *)cb + (long)(g / 8) * KQ_BYTES;
+            d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)kq)),
+                              _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                  _mm_loadu_si128((const __m128i *)(kq + KQ_SC + (g % 8) * 16)))));
+            m = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kq + 32))),
+                              _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                  _mm_loadu_si128((const __m128i *)(kq + KQ_M + (g % 8) * 16)))));
+        }
         for (int r = 0; r < R; r++) {
             const int at = (r0 + r) * groups + g;
             acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(a->d[at])), _mm512_cvtepi32_ps(S[r]),

@@ -195,26 +195,39 @@ INTERNAL void q4f_blocks(void *ctx, int nb) {
 
 #if INT8_PRODUCTS_GENERIC
 static void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const void *cb, float *y, int in, int out, int nb,
-                      int r0, const int R, const int wide) {
+                      int r0, const int R, const int format) {
     const int groups = in / 32;
     for (int r = r0; r < r0 + R; r++) {
         float acc[16] = {0};
         for (int g = 0; g < groups; g++) {
-            const uint8_t *grp = qb + (long)g * 256;
+            const uint8_t *grp = qb + (long)g * Q4Q8_GROUP_BYTES(format);
             const int8_t *xg = a->q + (long)r * in + g * 32;
             int32_t S[16] = {0};
-            for (int c = 0; c < 8; c++)
+            for (int c = 0; c < 8; c++) {
+                uint32_t high[2] = {0, 0}; /* FORMAT_K5: the chunk's high bits (common.h) */
+                if (format == FORMAT_K5)
+                    for (int h = 0; h < 2; h++)
+                        for (int k = 0; k < 4; k++) high[h] |= (uint32_t)grp[256 + c * 8 + h * 4 + k] << (8 * k);
                 for (int o = 0; o < 8; o++)
                     for (int j = 0; j < 4; j++) {
-                        const int byte = grp[c * 32 + 4 * o + j], xi = xg[4 * c + j];
-                        S[o] += (byte & 15) * xi;
-                        S[o + 8] += (byte >> 4) * xi;
+                        const int b = 4 * o + j, byte = grp[c * 32 + b], xi = xg[4 * c + j];
+                        S[o] += ((byte & 15) | (int)(high[0] >> b & 1) << 4) * xi;
+                        S[o + 8] += ((byte >> 4) | (int)(high[1] >> b & 1) << 4) * xi;
                     }
+            }
             const float dx = a->d[r * groups + g], sx = a->s[r * groups + g];
+            const uint8_t *kq = (const uint8_t *)cb + (long)(g / 8) * KQ_BYTES; /* K-quants: the super-block's */
             for (int o = 0; o < 16; o++) {
-                const float d = wide ? ((const float *)cb)[g * 32 + o] : half_to_float(((const uint16_t *)cb)[g * 32 + o]);
-                const float m = wide ? ((const float *)cb)[g * 32 + 16 + o]
-                                     : half_to_float(((const uint16_t *)cb)[g * 32 + 16 + o]);
+                float d, m;
+                if (format == FORMAT_Q4) {
+                    d = half_to_float(((const uint16_t *)cb)[g * 32 + o]);
+                    m = half_to_float(((const uint16_t *)cb)[g * 32 + 16 + o]);
+                } else {
+                    uint16_t dh, mh;
+                    memcpy(&dh, kq + 2 * o, 2), memcpy(&mh, kq + 32 + 2 * o, 2);
+                    d = half_to_float(dh) * (float)kq[KQ_SC + (g % 8) * 16 + o];
+                    m = half_to_float(mh) * (float)kq[KQ_M + (g % 8) * 16 + o];
+                }
                 acc[o] = fmaf(d * dx, (float)S[o], fmaf(m, sx, acc[o]));
             }
         }

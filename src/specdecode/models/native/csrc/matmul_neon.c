@@ -6,28 +6,44 @@
 
 static inline float32x4_t load_half4(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
 
+/* 4 bytes as float32 */
+static inline float32x4_t bytes4(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(v))))));
+}
+
+/* 16 bits (2 bytes, little-endian) as 16 bytes, 16 where the bit is set (FORMAT_K5's high bits) */
+static inline uint8x16_t high_bits(const uint8_t *p) {
+    const uint8x16_t bit = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    uint8x16_t v = vcombine_u8(vdup_n_u8(p[0]), vdup_n_u8(p[1]));
+    return vandq_u8(vtstq_u8(v, bit), vdupq_n_u8(16));
+}
+
 /* R rows (1-4) of one 16-output block with NEON sdot: a chunk's 32 bytes unpack to four vectors of
  * 4 outputs x 4 inputs (weights 0..15 read as signed), and vdotq_s32 adds each output's 4 products
  * to its int32 lane. */
 static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const void *cb,
                                                             float *y, int in, int out, int nb, int r0, const int R,
-                                                            const int wide) {
-    const int groups = in / 32;
+                                                            const int format) {
+    const int groups = in / 32, group_bytes = Q4Q8_GROUP_BYTES(format);
     const uint8x16_t nibble = vdupq_n_u8(15);
     float32x4_t acc[4][4];
     for (int r = 0; r < R; r++)
         for (int k = 0; k < 4; k++) acc[r][k] = vdupq_n_f32(0);
     for (int g = 0; g < groups; g++) {
-        const uint8_t *grp = qb + (long)g * 256;
-        __builtin_prefetch(grp + 8 * 256);
-        __builtin_prefetch(grp + 8 * 256 + 128);
+        const uint8_t *grp = qb + (long)g * group_bytes;
+        for (int line = 0; line < group_bytes; line += 64) __builtin_prefetch(grp + 8 * group_bytes + line);
         int32x4_t S[4][4];
         for (int r = 0; r < R; r++)
             for (int k = 0; k < 4; k++) S[r][k] = vdupq_n_s32(0);
         for (int c = 0; c < 8; c++) {
             uint8x16_t v0 = vld1q_u8(grp + c * 32), v1 = vld1q_u8(grp + c * 32 + 16);
-            int8x16_t w[4] = {vreinterpretq_s8_u8(vandq_u8(v0, nibble)), vreinterpretq_s8_u8(vandq_u8(v1, nibble)),
-                              vreinterpretq_s8_u8(vshrq_n_u8(v0, 4)), vreinterpretq_s8_u8(vshrq_n_u8(v1, 4))};
+            uint8x16_t u[4] = {vandq_u8(v0, nibble), vandq_u8(v1, nibble), vshrq_n_u8(v0, 4), vshrq_n_u8(v1, 4)};
+            if (format == FORMAT_K5) /* bytes 2k, 2k + 1 of the chunk's high bits are u[k]'s 16 lanes' */
+                for (int k = 0; k < 4; k++) u[k] = vorrq_u8(u[k], high_bits(grp + 256 + c * 8 + 2 * k));
+            int8x16_t w[4];
+            for (int k = 0; k < 4; k++) w[k] = vreinterpretq_s8_u8(u[k]);
             for (int r = 0; r < R; r++) {
                 int32_t chunk;
                 memcpy(&chunk, a->q + (long)(r0 + r) * in + g * 32 + c * 4, 4);
@@ -36,10 +52,15 @@ static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, 
             }
         }
         for (int k = 0; k < 4; k++) { /* outputs 4k..4k+3 */
-            float32x4_t d = wide ? vld1q_f32((const float *)cb + g * 32 + 4 * k)
-                                 : load_half4((const uint16_t *)cb + g * 32 + 4 * k);
-            float32x4_t m = wide ? vld1q_f32((const float *)cb + g * 32 + 16 + 4 * k)
-                                 : load_half4((const uint16_t *)cb + g * 32 + 16 + 4 * k);
+            float32x4_t d, m;
+            if (format == FORMAT_Q4) {
+                d = load_half4((const uint16_t *)cb + g * 32 + 4 * k);
+                m = load_half4((const uint16_t *)cb + g * 32 + 16 + 4 * k);
+            } else { /* K-quants: the super-block's d and -dmin times the group's 6-bit sc and m */
+                const uint8_t *kq = (const uint8_t *)cb + (long)(g / 8) * KQ_BYTES;
+                d = vmulq_f32(load_half4((const uint16_t *)kq + 4 * k), bytes4(kq + KQ_SC + (g % 8) * 16 + 4 * k));
+                m = vmulq_f32(load_half4((const uint16_t *)(kq + 32) + 4 * k), bytes4(kq + KQ_M + (g % 8) * 16 + 4 * k));
+            }
             for (int r = 0; r < R; r++) {
                 const int at = (r0 + r) * groups + g;
                 float32x4_t inner = vfmaq_f32(acc[r][k], m, vdupq_n_f32(a->s[at]));
