@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
 from typing import NamedTuple, Sequence
@@ -79,7 +80,10 @@ class NativeLlama:
         self.attention_scale = hyper.attention_scale or self.head_dim ** -0.5
         self.embed_scale, self.gelu, self.softcap = hyper.embed_scale, hyper.activation == "gelu", hyper.softcap
 
-        products = [self._block_products(source, i) for i in range(self.layers)]
+        # the layers' weights are unpacked and laid out for the kernels on every core: numpy's and
+        # PyTorch's array operations, which are most of a load's time, let go of the GIL
+        pool = ThreadPoolExecutor(self.n_threads)
+        products = list(pool.map(lambda i: self._block_products(source, i), range(self.layers)))
         quantised = self._quantised_dtype(dtype)  # 8-bit activations: float32 between the products
         self._use(torch.float32 if dtype == "float32" or quantised == "w4a8" else activation_dtype())
         if quantised == "w4a8" and not self.kernels.q4q8:  # these shapes take PyTorch's ops
@@ -87,7 +91,8 @@ class NativeLlama:
                 raise ValueError(f"--dtype w4a8 needs the C kernels, which do not serve {self.name}'s shapes")
             quantised = "int4"
             self._use(activation_dtype())
-        linears = self._grouped(products, quantised, strict=dtype != "auto") if quantised else None
+        linears = self._grouped(products, quantised, strict=dtype != "auto", pool=pool) if quantised else None
+        pool.shutdown()
         if linears is None and dtype == "auto" and self.compute_dtype != activation_dtype():
             self._use(activation_dtype())  # not 4-bit groups: the widest fast float
         self.dtype = quantised if linears else str(self.compute_dtype).removeprefix("torch.")
@@ -235,12 +240,14 @@ class NativeLlama:
             return Q8Linear.quantize(weight, self.kernels, int8_activations=int8)
         return Int4Linear.quantize(weight, self.compute_dtype, self.kernels, int8_activations=int8)
 
-    def _grouped(self, products: list[dict[str, Weight]], dtype: str, strict: bool) -> list[dict] | None:
+    def _grouped(self, products: list[dict[str, Weight]], dtype: str, strict: bool,
+                 pool: ThreadPoolExecutor | None = None) -> list[dict] | None:
         """Every block product on its own groups (`dtype` int4 or w4a8) where the kernels take them; a
         product they do not (a K-quant other than Q4_K, Q5_0, ...: dequantised by the source) runs
         in float in the compute dtype. None where no product has groups (the model is a float one),
         an error then if `strict`."""
-        linears = [{n: self._group_product(m, dtype) for n, m in b.items()} for b in products]
+        linears = list((pool.map if pool else map)(lambda b: {n: self._group_product(m, dtype) for n, m in b.items()},
+                                                    products))
         if all(linear is None for layer in linears for linear in layer.values()):
             if strict:
                 raise ValueError(f"--dtype {dtype} runs a model on its own quantised weights, and {self.name} has "
