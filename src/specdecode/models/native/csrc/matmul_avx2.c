@@ -155,6 +155,9 @@ static inline __attribute__((always_inline)) void chunk_sums(const q8_rows_t *a,
             __m256i xb = _mm256_set1_epi32(chunk);
             s[r][0] = _mm256_add_epi16(s[r][0], _mm256_maddubs_epi16(lo, xb));
             s[r][1] = _mm256_add_epi16(s[r][1], _mm256_maddubs_epi16(hi, xb));
+            /* the sums stay in registers, chunk by chunk: left to itself GCC re-associates the adds,
+             * computes every chunk's products first and spills them to the stack */
+            __asm__("" : "+x"(s[r][0]), "+x"(s[r][1]));
         }
     }
 }
