@@ -70,6 +70,7 @@ static void run_q6q8(const float *x, float *y, int rows) { q6q8_matmul(x, q8, wi
  * float16 d and -dmin, then 6-bit scales and mins (kernels.h) */
 enum { IN_K = 512 };
 static const uint8_t *k_coef, *q5;
+static void run_q5q8(const float *x, float *y, int rows) { q5q8_matmul(x, q5, coef, y, rows, IN_K, OUT, threads); }
 static void run_q4kq8(const float *x, float *y, int rows) { q4kq8_matmul(x, q4, k_coef, y, rows, IN_K, OUT, threads); }
 static void run_q5kq8(const float *x, float *y, int rows) { q5kq8_matmul(x, q5, k_coef, y, rows, IN_K, OUT, threads); }
 static void run_q4f(const float *x, float *y, int rows) { q4f_matmul(x, q4, coef, y, rows, IN, OUT, threads); }
@@ -107,6 +108,7 @@ int main(int argc, char **argv) {
     check_product("q8q8_matmul", run_q8q8, x, IN, OUT);
     check_product("q4kq8_matmul", run_q4kq8, x, IN_K, OUT);
     check_product("q5kq8_matmul", run_q5kq8, x, IN_K, OUT);
+    check_product("q5q8_matmul", run_q5q8, x, IN_K, OUT); /* coef: float16 d, m a group, as q4q8's */
     check_product("q6q8_matmul", run_q6q8, x, IN, OUT); /* wide_coef holds in / 16 scales an output block */
     check_product("q4f_matmul", run_q4f, x, IN, OUT);
     check_product("q8_matmul", run_q8, x, IN, OUT);

@@ -124,7 +124,7 @@ class CKernels(TorchKernels):
         self._q8_matmul, self._q4_matmul, self._q4f_matmul = lib.q8_matmul, lib.q4_matmul, lib.q4f_matmul
         self._q4q8_matmul, self._q8q8_matmul = lib.q4q8_matmul, lib.q8q8_matmul
         self._f32_matmul, self._decode_layers = lib.f32_matmul, lib.decode_layers
-        self._q4kq8_matmul, self._q5kq8_matmul = lib.q4kq8_matmul, lib.q5kq8_matmul
+        self._q4kq8_matmul, self._q5kq8_matmul, self._q5q8_matmul = lib.q4kq8_matmul, lib.q5kq8_matmul, lib.q5q8_matmul
         self._q6q8_matmul = lib.q6q8_matmul
         self.dtype = dtype
         # 4-bit products: bf16 activations through AVX512-BF16's dot product (q4), float32 ones on any build (q4f)
@@ -211,6 +211,10 @@ class CKernels(TorchKernels):
         q [out / 16, in / 32, 16, 16] uint8, coef [out / 16, in / 32, 2, 16] float16 (d, m) -> [T, out] float32."""
         return self._grouped(self._q4f_matmul, x, q, coef, "4-bit product")
 
+    def q5q8_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+        """q4q8_matmul for Q5_1's 5-bit values: q [out / 16, in / 32, 320] uint8 (low nibbles, high bits)."""
+        return self._grouped(self._q5q8_matmul, x, q, coef, "5-bit product")
+
     def q4kq8_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
         """q4q8_matmul for Q4_K groups: coef [out / 16, in / 256, 320] uint8 (csrc/common.h's KQ_BYTES)."""
         return self._grouped(self._q4kq8_matmul, x, q, coef, "4-bit product")
@@ -279,7 +283,7 @@ class CKernels(TorchKernels):
 
 
 # decode_layers' product kinds (csrc/kernels.h's PRODUCT_ enum), by the Python products' `kind`
-PRODUCTS = {"q4f": 0, "q4q8": 1, "q4kq8": 2, "q8": 3, "q8q8": 4, "f32": 5, "q6q8": 6, "stacked": 7, "q5kq8": 8}
+PRODUCTS = {"q4f": 0, "q4q8": 1, "q4kq8": 2, "q8": 3, "q8q8": 4, "f32": 5, "q6q8": 6, "stacked": 7, "q5kq8": 8, "q5q8": 9}
 
 
 class Segment(NamedTuple):

@@ -154,7 +154,10 @@ class Int4Linear:
         if int8_activations:
             if not (getattr(kernels, "q4q8", False) and dtype == torch.float32):
                 raise ValueError("8-bit activations need the C kernels with float32 activations")
-            return cls(_q4q8_nibbles(groups.q), halves(), N, kernels, kind="q4q8")
+            packed, five = _q4q8_values(groups.q)  # 5-bit values (Q5_1): q5q8_matmul
+            return cls(packed, halves(), N, kernels, kind="q5q8" if five else "q4q8")
+        if bool((groups.q > 15).any()):  # 5-bit values: only the 8-bit-activation kernels take them
+            return None
         if getattr(kernels, "q4f", False) and dtype == torch.float32:
             # q4f_matmul's layout: per 16 outputs and group, byte [i][o] = q[o, i] | q[o, i + 16] << 4
             t = q.view(N // 16, 16, K // cls.GROUP, 2, 16)  # [blocks, o, group, high nibble?, i]
@@ -181,13 +184,7 @@ class Int4Linear:
         N, K = groups.q.shape
         if K % 256 or N % 16 or not getattr(kernels, "q4q8", False):
             return None
-        five = bool((groups.q > 15).any())  # a Q5_K tensor whose values all fit 4 bits runs as 4-bit, exactly
-        packed = _q4q8_nibbles(groups.q & 15).view(N // 16, K // cls.GROUP, 256)
-        if five:  # then per chunk two little-endian uint32: bit b = the high bit of chunk byte b's low, high nibble
-            t = (groups.q >> 4).view(N // 16, 2, 8, K // cls.GROUP, 8, 4).permute(0, 3, 4, 1, 2, 5)  # [.., c, half, o, j]
-            words = (t.reshape(N // 16, K // cls.GROUP, 8, 2, 32).to(torch.int64) << torch.arange(32)).sum(-1)
-            high = words.to(torch.int32).view(torch.uint8).view(N // 16, K // cls.GROUP, 64)  # the low 32 bits
-            packed = torch.cat([packed, high], dim=-1)
+        packed, five = _q4q8_values(groups.q)
         per_block = lambda t: t.view(N // 16, 16, K // 256, -1).permute(0, 2, 3, 1)  # noqa: E731  [N/16, K/256, .., 16]
         coef = torch.cat([per_block(groups.d.view(N, -1, 1)).contiguous().view(torch.uint8).flatten(2),
                           per_block((-groups.dmin).view(N, -1, 1)).contiguous().view(torch.uint8).flatten(2),
@@ -199,6 +196,22 @@ class Int4Linear:
         if self.kind == "torch":
             return torch._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed, self.GROUP, self.coef)
         return getattr(self.kernels, f"{self.kind}_matmul")(x, self.packed, self.coef)
+
+
+def _q4q8_values(q: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """4- or 5-bit values [N, K] in q4q8_matmul's layout (`_q4q8_nibbles`), and whether any is above 15.
+    Where one is (Q5_1, Q5_K), each group's 256 bytes of low nibbles are followed by 64 of high bits:
+    per chunk two little-endian uint32, bit b the high bit of chunk byte b's low, then high nibble
+    (csrc/common.h). A tensor whose values all fit 4 bits runs as 4-bit, exactly."""
+    N, K = q.shape
+    high = q >> 4
+    if not bool(high.any()):
+        return _q4q8_nibbles(q).view(N // 16, K // 32, 256), False
+    t = high.view(N // 16, 2, 8, K // 32, 8, 4).permute(0, 3, 4, 1, 2, 5)  # [blocks, group, c, half, o, j]
+    bits = t.reshape(N // 16, K // 32, 8, 2, 4, 8) << torch.arange(8, dtype=torch.uint8)  # byte k: lanes 8k..8k+7
+    packed = torch.cat([_q4q8_nibbles(q & 15).view(N // 16, K // 32, 256),
+                        bits.sum(-1, dtype=torch.uint8).view(N // 16, K // 32, 64)], dim=-1)
+    return packed.contiguous(), True
 
 
 def _q4q8_nibbles(q: torch.Tensor) -> torch.Tensor:

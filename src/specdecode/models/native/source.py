@@ -4,7 +4,7 @@ no dequantisation on the way, no converted copy on disk).
 
 Both give the model the same things under llama.cpp's tensor names (`attn_q`, `ffn_down`,
 `token_embd`, ...): a `Hyper` of the architecture's sizes, and each weight as float, 4-bit groups
-(`Groups4`: Q4_0 and Q4_1 blocks; `GroupsK`: Q4_K and Q5_K ones) or 8-bit groups (`Groups8`: Q8_0,
+(`Groups4`: Q4_0, Q4_1 and Q5_1 blocks; `GroupsK`: Q4_K and Q5_K ones) or 8-bit groups (`Groups8`: Q8_0,
 Q5_0 and Q6_K blocks).
 A GGUF type the kernels have no product for is dequantised by the `gguf` package (exact: the
 file's own values), so every file runs, those tensors as float.
@@ -31,7 +31,8 @@ ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 
 
 class Groups4(NamedTuple):
-    """w = d q + m per group of 32 inputs, q in 0..15 (Q4_1; Q4_0 is m = -8 d, exact in float16)."""
+    """w = d q + m per group of 32 inputs, q in 0..15 (Q4_1; Q4_0 is m = -8 d, exact in float16) or
+    0..31 (Q5_1)."""
 
     q: torch.Tensor  # [N, K] uint8
     d: torch.Tensor  # [N, K / 32] float16
@@ -313,8 +314,8 @@ class GGUFHeader:
 
 
 class GGUFSource:
-    """A GGUF file, its tensors read over a memory map (`GGUFHeader`). Q4_0, Q4_1, Q4_K, Q5_0, Q6_K and
-    Q8_0 blocks become groups as they are; F32, F16 and BF16 tensors float; any other type is dequantised."""
+    """A GGUF file, its tensors read over a memory map (`GGUFHeader`). Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
+    Q5_K and Q6_K blocks become groups as they are; F32, F16 and BF16 tensors float; any other type is dequantised."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -433,6 +434,8 @@ def _read(tensor) -> Weight:
         return _k_quant(data.reshape(N, -1, 176), five=True)
     if kind == T.Q5_0:
         return _q5_0(data.reshape(N, -1, 22))
+    if kind == T.Q5_1:
+        return _q5_1(data.reshape(N, -1, 24))
     if kind == T.Q6_K:
         return _q6_k(data.reshape(N, -1, 210))
     return torch.from_numpy(dequantize(data, kind))  # [N, K] float32
@@ -449,6 +452,20 @@ def _q5_0(blocks: np.ndarray) -> Groups8:
     low = blocks[..., 6:22].astype(np.int16)
     q = np.concatenate([low & 15, low >> 4], axis=-1) | (bits << 4)
     return Groups8(torch.from_numpy((q - 16).astype(np.int8)).view(N, B * 32), d)
+
+
+def _q5_1(blocks: np.ndarray) -> Groups4:
+    """Q5_1 blocks [N, K / 32, 24 bytes] as 5-bit groups: d and m (float16), 32 high bits (a little-
+    endian uint32), 16 bytes of low nibbles (value i's in byte i % 16, low half for i < 16); w = d q + m,
+    q in 0..31 (llama.cpp's dequantize_row_q5_1; llama.cpp writes it for Q5_K where a row is not a
+    multiple of 256)."""
+    N, B = blocks.shape[:2]
+    d, m = (torch.from_numpy(np.ascontiguousarray(blocks[..., at : at + 2]).view(np.float16)[..., 0]) for at in (0, 2))
+    high = torch.from_numpy(np.ascontiguousarray(blocks[..., 4:8]))  # [N, B, 4]: value 8k + i's bit i of byte k
+    bits = ((high[..., None] >> torch.arange(8, dtype=torch.uint8)) & 1).view(N, B, 32)
+    low = torch.from_numpy(np.ascontiguousarray(blocks[..., 8:24]))
+    q = torch.cat([low & 15, low >> 4], dim=-1) | (bits << 4)
+    return Groups4(q.view(N, B * 32), d, m)
 
 
 def _q6_k(blocks: np.ndarray) -> Groups8:

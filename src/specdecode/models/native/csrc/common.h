@@ -148,6 +148,7 @@ INTERNAL void f32_blocks(void *ctx, int nb);
 INTERNAL void q8_blocks(void *ctx, int nb);
 INTERNAL void q4f_blocks(void *ctx, int nb); /* extra: the rows' group sums */
 INTERNAL void q4q8_blocks(void *ctx, int nb); /* extra: the rows' 8-bit activations (q8_rows_t) */
+INTERNAL void q5q8_blocks(void *ctx, int nb); /* the same, 5-bit values (Q5_1; FORMAT_Q5 below) */
 INTERNAL void q4kq8_blocks(void *ctx, int nb); /* the same, K-quant coefficients (KQ_BYTES below) */
 INTERNAL void q5kq8_blocks(void *ctx, int nb); /* the same, 5-bit values (Q5_K) */
 INTERNAL void q8q8_blocks(void *ctx, int nb); /* the same */
@@ -172,17 +173,20 @@ INTERNAL void q6q8_blocks(void *ctx, int nb); /* the same, a scale a 16 inputs *
  * [8][16] of its groups of 32 as bytes; group j's d = d sc[j] and m = -dmin m[j], products exact in
  * float32 (11 by 6 bits). */
 enum { KQ_BYTES = 320, KQ_SC = 64, KQ_M = 192 };
-/* The 4-bit formats q4q8_rows takes (FORMAT): Q4_1 groups (float16 d, m a group), K-quant groups,
- * and K-quant groups of 5-bit values (Q5_K: each group's 256 bytes of low nibbles followed by 64 of
- * high bits, 8 a chunk: a little-endian uint32 whose bit b is the high bit of the value in chunk
- * byte b's low nibble, then one for the high nibbles). */
-enum { FORMAT_Q4, FORMAT_K4, FORMAT_K5 };
-#define Q4Q8_GROUP_BYTES(format) ((format) == FORMAT_K5 ? 320 : 256)
+/* The formats q4q8_rows takes (FORMAT): Q4_1 groups (float16 d, m a group) of 4-bit or 5-bit values
+ * (Q5_1), and K-quant groups of 4-bit (Q4_K) or 5-bit values (Q5_K). A group of 5-bit values is its
+ * 256 bytes of low nibbles followed by 64 of high bits, 8 a chunk: a little-endian uint32 whose bit b
+ * is the high bit of the value in chunk byte b's low nibble, then one for the high nibbles. */
+enum { FORMAT_Q4, FORMAT_Q5, FORMAT_K4, FORMAT_K5 };
+#define FIVE_BITS(format) ((format) == FORMAT_Q5 || (format) == FORMAT_K5)
+#define K_QUANT(format) ((format) >= FORMAT_K4)
+#define Q4Q8_GROUP_BYTES(format) (FIVE_BITS(format) ? 320 : 256)
 
-/* q4q8_blocks (Q4_1), q4kq8_blocks and q5kq8_blocks (K-quants) and q8q8_blocks over the file's
+/* q4q8_blocks and q5q8_blocks (Q4_1, Q5_1), q4kq8_blocks and q5kq8_blocks (K-quants) and q8q8_blocks over the file's
  * q4q8_rows and q8q8_rows, rows in groups of at most MAX_ROWS (1, 4 or 8: what the row kernel takes
  * at once). */
 #define Q4Q8_CALL(r0, R) q4q8_rows(p->extra, qb, cb, p->y, in, out, nb, r0, R, FORMAT_Q4)
+#define Q5Q8_CALL(r0, R) q4q8_rows(p->extra, qb, cb, p->y, in, out, nb, r0, R, FORMAT_Q5)
 #define Q4KQ8_CALL(r0, R) q4q8_rows(p->extra, qb, cb, p->y, in, out, nb, r0, R, FORMAT_K4)
 #define Q5KQ8_CALL(r0, R) q4q8_rows(p->extra, qb, cb, p->y, in, out, nb, r0, R, FORMAT_K5)
 #define DEFINE_Q4Q8_BLOCKS(MAX_ROWS)                                                             \
@@ -192,6 +196,13 @@ enum { FORMAT_Q4, FORMAT_K4, FORMAT_K5 };
         const uint8_t *qb = (const uint8_t *)p->q + (long)nb * in * 8;                           \
         const void *cb = (const uint16_t *)p->coef + (long)nb * (in / 32) * 32;                  \
         FOR_ROW_GROUPS(MAX_ROWS, p->rows, Q4Q8_CALL)                                             \
+    }                                                                                            \
+    INTERNAL void q5q8_blocks(void *ctx, int nb) {                                               \
+        const product_t *p = ctx;                                                                \
+        const int in = p->in, out = p->out;                                                      \
+        const uint8_t *qb = (const uint8_t *)p->q + (long)nb * in * 10;                          \
+        const void *cb = (const uint16_t *)p->coef + (long)nb * (in / 32) * 32;                  \
+        FOR_ROW_GROUPS(MAX_ROWS, p->rows, Q5Q8_CALL)                                             \
     }                                                                                            \
     INTERNAL void q4kq8_blocks(void *ctx, int nb) {                                              \
         const product_t *p = ctx;                                                                \

@@ -88,6 +88,10 @@ int q4f_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y,
 /* Q4_1 W with x quantised to 8 bits per 32 inputs: q [out / 16][in / 32][8][32] bytes, coef as q4f's */
 int q4q8_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y, int rows, int in, int out,
                 int threads);
+/* q4q8 for Q5_1's 5-bit values: q [out / 16][in / 32][320] bytes (q4q8's 256 of low nibbles, then the
+ * high bits: common.h), coef as q4q8's */
+int q5q8_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y, int rows, int in, int out,
+                int threads);
 /* q4q8 for Q4_K: q as q4q8's, coef [out / 16][in / 256][KQ_BYTES] (common.h: the file's d, dmin, 6-bit
  * scales and mins); in a multiple of 256 */
 int q4kq8_matmul(const float *x, const uint8_t *q, const uint8_t *coef, float *y, int rows, int in, int out,
@@ -114,7 +118,7 @@ int q6q8_matmul(const float *x, const uint8_t *q, const float *scales, float *y,
  * v), its q an int64 table [1 + 4 parts]: the count, then each part's kind, q, coef and outputs, whose
  * columns of y are its own in turn (coef unused) */
 enum { PRODUCT_Q4F, PRODUCT_Q4Q8, PRODUCT_Q4KQ8, PRODUCT_Q8, PRODUCT_Q8Q8, PRODUCT_F32, PRODUCT_Q6Q8, PRODUCT_STACKED,
-       PRODUCT_Q5KQ8 };
+       PRODUCT_Q5KQ8, PRODUCT_Q5Q8 };
 
 /* Every layer of a decode forward: x [rows, dim] float32 updated in place; weights [layers][15]
  * pointers (norms, the q|k|v bias, the q and k norms and the post-attention and post-MLP norms or

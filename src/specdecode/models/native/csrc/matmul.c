@@ -154,6 +154,12 @@ int q4q8_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y
     return int8_activation_product(q4q8_blocks, x, q, coef, y, rows, in, out, threads);
 }
 
+/* q4q8_matmul for Q5_1's 5-bit values (common.h's FORMAT_Q5): the same coefficients */
+int q5q8_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y, int rows, int in, int out,
+                int threads) {
+    return int8_activation_product(q5q8_blocks, x, q, coef, y, rows, in, out, threads);
+}
+
 /* q4q8_matmul for the K-quants' 4-bit groups, whose scale and minimum are products of a super-block's
  * and a group's own (Q4_K: d sc and -dmin m, exact in float32, not in float16), formed in the kernel
  * from the file's own fields (coef: common.h's KQ_BYTES layout). The same operations otherwise. */

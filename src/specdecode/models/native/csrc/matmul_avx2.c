@@ -120,7 +120,7 @@ INTERNAL void q8_blocks(void *ctx, int nb) {
 /* ---- 8-bit activations: q4q8, q8q8 on vpmaddubsw (where there is no AVX512-VNNI) ------------- */
 
 #if INT8_PRODUCTS_AVX2
-/* 32 bits as 32 bytes, 16 where the bit is set (FORMAT_K5's high bits of one chunk's nibbles) */
+/* 32 bits as 32 bytes, 16 where the bit is set (5-bit values' high bits of one chunk's nibbles) */
 static inline __m256i high_bits(const uint8_t *p) {
     int32_t bits;
     memcpy(&bits, p, 4);
@@ -145,7 +145,7 @@ static inline __attribute__((always_inline)) void chunk_sums(const q8_rows_t *a,
     for (int c = c0; c < c1; c++) {
         __m256i v = _mm256_loadu_si256((const __m256i *)(grp + c * 32));
         __m256i lo = _mm256_and_si256(v, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-        if (format == FORMAT_K5) {
+        if (FIVE_BITS(format)) {
             lo = _mm256_or_si256(lo, high_bits(grp + 256 + c * 8));
             hi = _mm256_or_si256(hi, high_bits(grp + 256 + c * 8 + 4));
         }
@@ -170,7 +170,7 @@ static inline __attribute__((always_inline)) void chunk_sums(const q8_rows_t *a,
 static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const void *cb,
                                                             float *y, int in, int out, int nb, int r0, const int R,
                                                             const int format) {
-    const int groups = in / 32, group_bytes = Q4Q8_GROUP_BYTES(format), run = format == FORMAT_K5 ? 4 : 8;
+    const int groups = in / 32, group_bytes = Q4Q8_GROUP_BYTES(format), run = FIVE_BITS(format) ? 4 : 8;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
@@ -182,7 +182,7 @@ static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, 
         chunk_sums(a, grp, s, in, g, r0, R, 0, run, format);
         for (int r = 0; r < R; r++)
             for (int h = 0; h < 2; h++) S[r][h] = _mm256_madd_epi16(s[r][h], ones);
-        if (run < 8) { /* FORMAT_K5: the other 4 chunks */
+        if (run < 8) { /* 5-bit values: the other 4 chunks */
             chunk_sums(a, grp, s, in, g, r0, R, 4, 8, format);
             for (int r = 0; r < R; r++)
                 for (int h = 0; h < 2; h++) S[r][h] = _mm256_add_epi32(S[r][h], _mm256_madd_epi16(s[r][h], ones));
@@ -190,7 +190,7 @@ static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, 
         const uint8_t *kq = (const uint8_t *)cb + (long)(g / 8) * KQ_BYTES; /* K-quants: the super-block's */
         for (int h = 0; h < 2; h++) {
             __m256 d, m;
-            if (format == FORMAT_Q4) {
+            if (!K_QUANT(format)) {
                 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)cb + g * 32 + 8 * h)));
                 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)cb + g * 32 + 16 + 8 * h)));
             } else {

@@ -29,7 +29,7 @@ static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, 
         for (int c = 0; c < 8; c++) {
             __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(grp + c * 32)));
             __m512i w = _mm512_and_si512(_mm512_srlv_epi16(v, shift), nibble);
-            if (format == FORMAT_K5) { /* the chunk's 64 high bits are the lanes' own, in order: 16 where set */
+            if (FIVE_BITS(format)) { /* the chunk's 64 high bits are the lanes' own, in order: 16 where set */
                 uint64_t bits;
                 memcpy(&bits, grp + 256 + c * 8, 8);
                 w = _mm512_mask_add_epi8(w, (__mmask64)bits, w, sixteen);
@@ -41,7 +41,7 @@ static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, 
             }
         }
         __m512 d, m;
-        if (format == FORMAT_Q4) {
+        if (!K_QUANT(format)) {
             d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)cb + g * 32)));
             m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)cb + g * 32 + 16)));
         } else { /* K-quants: the super-block's d and -dmin times the group's 6-bit sc and m */

@@ -204,8 +204,8 @@ static void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const void *cb, flo
             const int8_t *xg = a->q + (long)r * in + g * 32;
             int32_t S[16] = {0};
             for (int c = 0; c < 8; c++) {
-                uint32_t high[2] = {0, 0}; /* FORMAT_K5: the chunk's high bits (common.h) */
-                if (format == FORMAT_K5)
+                uint32_t high[2] = {0, 0}; /* 5-bit values: the chunk's high bits (common.h) */
+                if (FIVE_BITS(format))
                     for (int h = 0; h < 2; h++)
                         for (int k = 0; k < 4; k++) high[h] |= (uint32_t)grp[256 + c * 8 + h * 4 + k] << (8 * k);
                 for (int o = 0; o < 8; o++)
@@ -219,7 +219,7 @@ static void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const void *cb, flo
             const uint8_t *kq = (const uint8_t *)cb + (long)(g / 8) * KQ_BYTES; /* K-quants: the super-block's */
             for (int o = 0; o < 16; o++) {
                 float d, m;
-                if (format == FORMAT_Q4) {
+                if (!K_QUANT(format)) {
                     d = half_to_float(((const uint16_t *)cb)[g * 32 + o]);
                     m = half_to_float(((const uint16_t *)cb)[g * 32 + 16 + o]);
                 } else {

@@ -13,7 +13,7 @@ static inline float32x4_t bytes4(const uint8_t *p) {
     return vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(v))))));
 }
 
-/* 16 bits (2 bytes, little-endian) as 16 bytes, 16 where the bit is set (FORMAT_K5's high bits) */
+/* 16 bits (2 bytes, little-endian) as 16 bytes, 16 where the bit is set (5-bit values' high bits) */
 static inline uint8x16_t high_bits(const uint8_t *p) {
     const uint8x16_t bit = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
     uint8x16_t v = vcombine_u8(vdup_n_u8(p[0]), vdup_n_u8(p[1]));
@@ -40,7 +40,7 @@ static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, 
         for (int c = 0; c < 8; c++) {
             uint8x16_t v0 = vld1q_u8(grp + c * 32), v1 = vld1q_u8(grp + c * 32 + 16);
             uint8x16_t u[4] = {vandq_u8(v0, nibble), vandq_u8(v1, nibble), vshrq_n_u8(v0, 4), vshrq_n_u8(v1, 4)};
-            if (format == FORMAT_K5) /* bytes 2k, 2k + 1 of the chunk's high bits are u[k]'s 16 lanes' */
+            if (FIVE_BITS(format)) /* bytes 2k, 2k + 1 of the chunk's high bits are u[k]'s 16 lanes' */
                 for (int k = 0; k < 4; k++) u[k] = vorrq_u8(u[k], high_bits(grp + 256 + c * 8 + 2 * k));
             int8x16_t w[4];
             for (int k = 0; k < 4; k++) w[k] = vreinterpretq_s8_u8(u[k]);
@@ -53,7 +53,7 @@ static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, 
         }
         for (int k = 0; k < 4; k++) { /* outputs 4k..4k+3 */
             float32x4_t d, m;
-            if (format == FORMAT_Q4) {
+            if (!K_QUANT(format)) {
                 d = load_half4((const uint16_t *)cb + g * 32 + 4 * k);
                 m = load_half4((const uint16_t *)cb + g * 32 + 16 + 4 * k);
             } else { /* K-quants: the super-block's d and -dmin times the group's 6-bit sc and m */
