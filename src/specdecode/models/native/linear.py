@@ -207,10 +207,12 @@ def _q4q8_values(q: torch.Tensor) -> tuple[torch.Tensor, bool]:
     high = q >> 4
     if not bool(high.any()):
         return _q4q8_nibbles(q).view(N // 16, K // 32, 256), False
-    t = high.view(N // 16, 2, 8, K // 32, 8, 4).permute(0, 3, 4, 1, 2, 5)  # [blocks, group, c, half, o, j]
-    bits = t.reshape(N // 16, K // 32, 8, 2, 4, 8) << torch.arange(8, dtype=torch.uint8)  # byte k: lanes 8k..8k+7
+    # lane b = 4o + j of a half's uint32 is bit b % 8 of its byte b // 8: output o = 2k + (o % 2) of the half
+    t = high.view(N // 16, 2, 4, 2, K // 32, 8, 4)  # [blocks, half, byte k, o % 2, group, c, j]
+    x = t[:, :, :, 0] | t[:, :, :, 1] << 4  # bit 4 (o % 2)
+    byte = x[..., 0] | x[..., 1] << 1 | x[..., 2] << 2 | x[..., 3] << 3  # bit 4 (o % 2) + j: [blocks, half, k, group, c]
     packed = torch.cat([_q4q8_nibbles(q & 15).view(N // 16, K // 32, 256),
-                        bits.sum(-1, dtype=torch.uint8).view(N // 16, K // 32, 64)], dim=-1)
+                        byte.permute(0, 3, 4, 1, 2).reshape(N // 16, K // 32, 64)], dim=-1)
     return packed.contiguous(), True
 
 
@@ -260,10 +262,10 @@ class Q8Linear:
         if size == 16:  # q6q8_matmul only: q as q8q8's
             if not int8_activations:
                 return None
-            q = (q.to(torch.int16) + 128).to(torch.uint8).view(N // 16, 16, K // 32, 8, 4).permute(0, 2, 3, 1, 4)
+            q = (q.view(torch.uint8) ^ 128).view(N // 16, 16, K // 32, 8, 4).permute(0, 2, 3, 1, 4)  # q + 128
             return cls(q.contiguous(), scales, kernels, kind="q6q8")
         if int8_activations:  # q8q8_matmul: [out/16, in/32, 8, 16, 4] bytes, q + 128 (chunk c, output o, input 4c + j)
-            q = (q.to(torch.int16) + 128).to(torch.uint8).view(N // 16, 16, K // 32, 8, 4).permute(0, 2, 3, 1, 4)
+            q = (q.view(torch.uint8) ^ 128).view(N // 16, 16, K // 32, 8, 4).permute(0, 2, 3, 1, 4)  # q + 128
             return cls(q.contiguous(), scales, kernels, kind="q8q8")
         q = q.view(N // 16, 16, K).transpose(1, 2).contiguous()  # [out/16, in, 16]
         return cls(q, scales, kernels)

@@ -475,16 +475,15 @@ def _q6_k(blocks: np.ndarray) -> Groups8:
     holds values l and l + 64 (low, high nibble), byte l + 32 values l + 32 and l + 96; the high bits
     of value l + 32 j are bits 2j, 2j + 1 of byte l of the 32 high-bit bytes)."""
     N, B = blocks.shape[:2]
-    low = blocks[..., :128].reshape(N, B, 2, 2, 32).astype(np.int16)  # [.., half, l < 32 or l >= 32, l]
-    high = blocks[..., 128:192].reshape(N, B, 2, 1, 32).astype(np.int16)  # [.., half, 1, l]
-    nibbles = np.stack([low[..., 0, :] & 15, low[..., 1, :] & 15, low[..., 0, :] >> 4, low[..., 1, :] >> 4],
-                       axis=-2)  # [N, B, half, j, l]: value 32 j + l of the half
-    pairs = (high >> (2 * np.arange(4, dtype=np.int16)[:, None])) & 3  # [N, B, half, j, l]
-    q = (nibbles | (pairs << 4)) - 32
+    low = torch.from_numpy(np.ascontiguousarray(blocks[..., :128])).view(N, B, 2, 2, 32)  # [.., half, l < 32?, l]
+    high = torch.from_numpy(np.ascontiguousarray(blocks[..., 128:192])).view(N, B, 2, 1, 32)  # [.., half, 1, l]
+    nibbles = torch.cat([low & 15, low >> 4], dim=-2)  # [N, B, half, j, l]: value 32 j + l of the half
+    pairs = (high >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]) & 3  # [N, B, half, j, l]
+    q = (nibbles | pairs << 4).view(torch.int8) - 32  # 0..63 less 32
     sc = blocks[..., 192:208].view(np.int8).astype(np.float32)  # [N, B, 16]
     d = np.ascontiguousarray(blocks[..., 208:210]).view(np.float16)[..., 0].astype(np.float32)  # [N, B]
     scale = torch.from_numpy(d[..., None] * sc).view(N, B * 16)  # exact: an 11-bit by an 8-bit integer
-    return Groups8(torch.from_numpy(q.astype(np.int8)).view(N, B * 256), scale)
+    return Groups8(q.reshape(N, B * 256), scale)
 
 
 def _k_quant(blocks: np.ndarray, five: bool) -> GroupsK:
