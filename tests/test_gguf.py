@@ -171,14 +171,14 @@ def test_decode_layers_of_mixed_product_kinds_equal_the_per_operation_loop_bit_f
 @pytest.fixture(scope="module")
 def k_quants(tmp_path_factory):
     """{format: path}: a Llama of 8 layers wide enough for K-quants (256), no GQA, quantised by llama.cpp
-    into Q4_K_M and Q5_K_M: as in the files people download, layers 0, 3, 6 and 7 hold a Q6_K v
-    beside a Q4_K (Q5_K) q and k, and a Q6_K down projection."""
+    into Q5_K_M: as in the files people download, layers 0, 3, 6 and 7 hold a Q6_K v beside a Q5_K q
+    and k, and a Q6_K down projection."""
     root = tmp_path_factory.mktemp("k-quants")
     f32 = write_llama(root / "k-llama.gguf", layers=8, dim=256, heads=4, kv_heads=4, hidden=512, seed=7)
-    return {"F32": f32, **{fmt: quantize(f32, fmt) for fmt in ("Q4_K_M", "Q5_K_M")}}
+    return {"F32": f32, "Q5_K_M": quantize(f32, "Q5_K_M")}
 
 
-@pytest.mark.parametrize("fmt", ["Q4_K_M", "Q5_K_M"])
+@pytest.mark.parametrize("fmt", ["Q5_K_M"])  # Q4_K_M's q4kq8 stacks the same way (tested as a kernel above)
 def test_a_v_of_another_kind_stacks_beside_q_and_k_on_their_own_groups(k_quants, fmt):
     """q|k|v of mixed kinds is one stacked product of its parts' own kernels (not a float32 copy): in the
     one C call as in the per-operation loop, bit for bit; and as close to the float32 weights' next-
