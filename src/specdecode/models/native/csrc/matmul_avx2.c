@@ -164,9 +164,9 @@ static inline __attribute__((always_inline)) void chunk_sums(const q8_rows_t *a,
 
 /* R rows (1-4) of one 16-output block: per chunk of 4 inputs one load and two masks unpack 32
  * weights for all R rows; vpmaddubsw (u8 weight x s8 activation, pairs summed into int16) runs
- * the chunks in int16 (at most 16 products of 15 x 127: 30480, no overflow; with Q5_K's 5-bit
- * values 8 products of 31 x 127 at most, so 4 chunks at a time), and vpmaddwd sums the pairs into
- * one int32 per output. `format`: common.h's FORMAT_ (the coefficients' layout, the values' bits). */
+ * the chunks in int16 (at most 16 products of 15 x 127: 30480, no overflow; with 5-bit values
+ * (Q5_1, Q5_K) 8 products of 31 x 127 at most, so 4 chunks at a time), and vpmaddwd sums the pairs
+ * into one int32 per output. `format`: common.h's FORMAT_ (the coefficients' layout, the values' bits). */
 static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const void *cb,
                                                             float *y, int in, int out, int nb, int r0, const int R,
                                                             const int format) {
