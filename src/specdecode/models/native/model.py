@@ -82,17 +82,16 @@ class NativeLlama:
 
         # the layers' weights are unpacked and laid out for the kernels on every core: numpy's and
         # PyTorch's array operations, which are most of a load's time, let go of the GIL
-        pool = ThreadPoolExecutor(self.n_threads)
-        products = list(pool.map(lambda i: self._block_products(source, i), range(self.layers)))
-        quantised = self._quantised_dtype(dtype)  # 8-bit activations: float32 between the products
-        self._use(torch.float32 if dtype == "float32" or quantised == "w4a8" else activation_dtype())
-        if quantised == "w4a8" and not self.kernels.q4q8:  # these shapes take PyTorch's ops
-            if dtype == "w4a8":
-                raise ValueError(f"--dtype w4a8 needs the C kernels, which do not serve {self.name}'s shapes")
-            quantised = "int4"
-            self._use(activation_dtype())
-        linears = self._grouped(products, quantised, strict=dtype != "auto", pool=pool) if quantised else None
-        pool.shutdown()
+        with ThreadPoolExecutor(self.n_threads) as pool:
+            products = list(pool.map(lambda i: self._block_products(source, i), range(self.layers)))
+            quantised = self._quantised_dtype(dtype)  # 8-bit activations: float32 between the products
+            self._use(torch.float32 if dtype == "float32" or quantised == "w4a8" else activation_dtype())
+            if quantised == "w4a8" and not self.kernels.q4q8:  # these shapes take PyTorch's ops
+                if dtype == "w4a8":
+                    raise ValueError(f"--dtype w4a8 needs the C kernels, which do not serve {self.name}'s shapes")
+                quantised = "int4"
+                self._use(activation_dtype())
+            linears = self._grouped(products, quantised, pool, strict=dtype != "auto") if quantised else None
         if linears is None and dtype == "auto" and self.compute_dtype != activation_dtype():
             self._use(activation_dtype())  # not 4-bit groups: the widest fast float
         self.dtype = quantised if linears else str(self.compute_dtype).removeprefix("torch.")
@@ -240,14 +239,13 @@ class NativeLlama:
             return Q8Linear.quantize(weight, self.kernels, int8_activations=int8)
         return Int4Linear.quantize(weight, self.compute_dtype, self.kernels, int8_activations=int8)
 
-    def _grouped(self, products: list[dict[str, Weight]], dtype: str, strict: bool,
-                 pool: ThreadPoolExecutor | None = None) -> list[dict] | None:
-        """Every block product on its own groups (`dtype` int4 or w4a8) where the kernels take them; a
-        product they do not (a K-quant other than Q4_K, Q5_0, ...: dequantised by the source) runs
-        in float in the compute dtype. None where no product has groups (the model is a float one),
-        an error then if `strict`."""
-        linears = list((pool.map if pool else map)(lambda b: {n: self._group_product(m, dtype) for n, m in b.items()},
-                                                    products))
+    def _grouped(self, products: list[dict[str, Weight]], dtype: str, pool: ThreadPoolExecutor,
+                 strict: bool) -> list[dict] | None:
+        """Every block product on its own groups (`dtype` int4 or w4a8), laid out on `pool`, where the
+        kernels take them; a product they do not (a type the source dequantised, K-quants with float
+        activations) runs in float in the compute dtype. None where no product has groups (the model
+        is a float one), an error then if `strict`."""
+        linears = list(pool.map(lambda b: {n: self._group_product(m, dtype) for n, m in b.items()}, products))
         if all(linear is None for layer in linears for linear in layer.values()):
             if strict:
                 raise ValueError(f"--dtype {dtype} runs a model on its own quantised weights, and {self.name} has "

@@ -182,42 +182,26 @@ enum { FORMAT_Q4, FORMAT_Q5, FORMAT_K4, FORMAT_K5 };
 #define K_QUANT(format) ((format) >= FORMAT_K4)
 #define Q4Q8_GROUP_BYTES(format) (FIVE_BITS(format) ? 320 : 256)
 
-/* q4q8_blocks and q5q8_blocks (Q4_1, Q5_1), q4kq8_blocks and q5kq8_blocks (K-quants) and q8q8_blocks over the file's
- * q4q8_rows and q8q8_rows, rows in groups of at most MAX_ROWS (1, 4 or 8: what the row kernel takes
- * at once). */
-#define Q4Q8_CALL(r0, R) q4q8_rows(p->extra, qb, cb, p->y, in, out, nb, r0, R, FORMAT_Q4)
-#define Q5Q8_CALL(r0, R) q4q8_rows(p->extra, qb, cb, p->y, in, out, nb, r0, R, FORMAT_Q5)
-#define Q4KQ8_CALL(r0, R) q4q8_rows(p->extra, qb, cb, p->y, in, out, nb, r0, R, FORMAT_K4)
-#define Q5KQ8_CALL(r0, R) q4q8_rows(p->extra, qb, cb, p->y, in, out, nb, r0, R, FORMAT_K5)
+/* q4q8_blocks and q5q8_blocks (Q4_1, Q5_1), q4kq8_blocks and q5kq8_blocks (K-quants) over the file's
+ * q4q8_rows, rows in groups of at most MAX_ROWS (1, 4 or 8: what the row kernel takes at once): one
+ * body, inlined for each FORMAT (a constant there), which sets where a block's values and
+ * coefficients start. */
+#define Q4Q8_CALL(r0, R) q4q8_rows(p->extra, qb, cb, p->y, in, out, nb, r0, R, format)
 #define DEFINE_Q4Q8_BLOCKS(MAX_ROWS)                                                             \
-    INTERNAL void q4q8_blocks(void *ctx, int nb) {                                               \
+    static inline __attribute__((always_inline)) void q4q8_format_blocks(void *ctx, int nb,      \
+                                                                         const int format) {     \
         const product_t *p = ctx;                                                                \
         const int in = p->in, out = p->out;                                                      \
-        const uint8_t *qb = (const uint8_t *)p->q + (long)nb * in * 8;                           \
-        const void *cb = (const uint16_t *)p->coef + (long)nb * (in / 32) * 32;                  \
+        const uint8_t *qb = (const uint8_t *)p->q + (long)nb * (in / 32) * Q4Q8_GROUP_BYTES(format); \
+        const void *cb = K_QUANT(format) /* KQ_BYTES a super-block, or float16 d, m a group */  \
+                             ? (const void *)((const uint8_t *)p->coef + (long)nb * (in / 256) * KQ_BYTES) \
+                             : (const void *)((const uint16_t *)p->coef + (long)nb * (in / 32) * 32); \
         FOR_ROW_GROUPS(MAX_ROWS, p->rows, Q4Q8_CALL)                                             \
     }                                                                                            \
-    INTERNAL void q5q8_blocks(void *ctx, int nb) {                                               \
-        const product_t *p = ctx;                                                                \
-        const int in = p->in, out = p->out;                                                      \
-        const uint8_t *qb = (const uint8_t *)p->q + (long)nb * in * 10;                          \
-        const void *cb = (const uint16_t *)p->coef + (long)nb * (in / 32) * 32;                  \
-        FOR_ROW_GROUPS(MAX_ROWS, p->rows, Q5Q8_CALL)                                             \
-    }                                                                                            \
-    INTERNAL void q4kq8_blocks(void *ctx, int nb) {                                              \
-        const product_t *p = ctx;                                                                \
-        const int in = p->in, out = p->out;                                                      \
-        const uint8_t *qb = (const uint8_t *)p->q + (long)nb * in * 8;                           \
-        const void *cb = (const uint8_t *)p->coef + (long)nb * (in / 256) * KQ_BYTES;            \
-        FOR_ROW_GROUPS(MAX_ROWS, p->rows, Q4KQ8_CALL)                                            \
-    }                                                                                            \
-    INTERNAL void q5kq8_blocks(void *ctx, int nb) {                                              \
-        const product_t *p = ctx;                                                                \
-        const int in = p->in, out = p->out;                                                      \
-        const uint8_t *qb = (const uint8_t *)p->q + (long)nb * in * 10;                          \
-        const void *cb = (const uint8_t *)p->coef + (long)nb * (in / 256) * KQ_BYTES;            \
-        FOR_ROW_GROUPS(MAX_ROWS, p->rows, Q5KQ8_CALL)                                            \
-    }
+    INTERNAL void q4q8_blocks(void *ctx, int nb) { q4q8_format_blocks(ctx, nb, FORMAT_Q4); }     \
+    INTERNAL void q5q8_blocks(void *ctx, int nb) { q4q8_format_blocks(ctx, nb, FORMAT_Q5); }     \
+    INTERNAL void q4kq8_blocks(void *ctx, int nb) { q4q8_format_blocks(ctx, nb, FORMAT_K4); }    \
+    INTERNAL void q5kq8_blocks(void *ctx, int nb) { q4q8_format_blocks(ctx, nb, FORMAT_K5); }
 
 /* q8q8_rows(..., PARTS): PARTS scales a group of 32 inputs (1: q8q8's, 2: q6q8's, one a 16) */
 #define Q8Q8_CALL(r0, R) q8q8_rows(a, qb, sb, y, in, out, nb, r0, R, 1)
