@@ -148,8 +148,8 @@ class DraftContext:
     The text grows as the context does: each new target token's bytes are appended, and only the
     text from a few draft tokens before the old end is tokenised again (a token there may merge with
     what follows), so reading costs the same however long the context (re-reading it whole took
-    0.55 ms a step at 200 tokens of Gemma context, and grows with it). Where the draft would tokenise the whole text otherwise, its
-    guesses are only less likely accepted: verification stays exact."""
+    0.55 ms a step at 200 tokens of Gemma context, and grows with it). Where the draft would tokenise
+    the whole text otherwise, its guesses are only less likely accepted: verification stays exact."""
 
     REREAD = 16  # characters before the old end from which the text is tokenised again
 
