@@ -17,13 +17,15 @@ import torch
 
 
 class PrefixCache:
-    """Keys and values of recent prompts (native caches: k, v [layers, Hkv, positions, hd])."""
+    """Keys and values of recent prompts (native caches: k, v [layers, Hkv, positions, hd]), and their
+    final-norm features where the cache kept them (a feature draft reads them: `drafters.eagle`)."""
 
     def __init__(self, max_bytes: int = 64 << 20) -> None:
         if not isinstance(max_bytes, int) or max_bytes < 0:
             raise ValueError(f"max_bytes must be an integer >= 0, got {max_bytes!r}")
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = OrderedDict()
+        # prompt -> (its ids, k, v, features or None)
+        self._entries: OrderedDict[tuple[int, ...], tuple] = OrderedDict()
         self.nbytes = 0
         self.reused_tokens = 0  # prompt tokens not computed, over the cache's life
 
@@ -37,7 +39,9 @@ class PrefixCache:
             return 0
         ids = torch.tensor(prompt[:-1])
         best, best_key = 0, None
-        for key, (tokens, _, _) in self._entries.items():
+        for key, (tokens, _, _, features) in self._entries.items():
+            if getattr(cache, "features", None) is not None and features is None:  # needed, and not kept here
+                continue
             n = min(len(tokens), len(ids))
             same = tokens[:n] == ids[:n]
             shared = n if bool(same.all()) else int(same.to(torch.uint8).argmin())
@@ -45,10 +49,12 @@ class PrefixCache:
                 best, best_key = shared, key
         if best_key is None:
             return 0
-        _, k, v = self._entries[best_key]
+        _, k, v, features = self._entries[best_key]
         self._entries.move_to_end(best_key)
         cache.k[:, :, :best] = k[:, :, :best]
         cache.v[:, :, :best] = v[:, :, :best]
+        if getattr(cache, "features", None) is not None:
+            cache.features[:best] = features[:best]
         cache.length = best
         self.reused_tokens += best
         return best
@@ -61,11 +67,12 @@ class PrefixCache:
             return
         n = len(key)
         k, v = cache.k[:, :, :n].clone(), cache.v[:, :, :n].clone()
-        size = k.nbytes + v.nbytes
+        features = None if getattr(cache, "features", None) is None else cache.features[:n].clone()
+        size = k.nbytes + v.nbytes + (0 if features is None else features.nbytes)
         if size > self.max_bytes or len(cache) < n:
             return
-        self._entries[key] = (torch.tensor(key), k, v)
+        self._entries[key] = (torch.tensor(key), k, v, features)
         self.nbytes += size
         while self.nbytes > self.max_bytes:
-            _, (_, k, v) = self._entries.popitem(last=False)
-            self.nbytes -= k.nbytes + v.nbytes
+            _, (_, k, v, features) = self._entries.popitem(last=False)
+            self.nbytes -= k.nbytes + v.nbytes + (0 if features is None else features.nbytes)

@@ -18,6 +18,14 @@ class NativeCache:
         self.v = torch.empty(layers, kv_heads, positions, head_dim, dtype=dtype)
         self.layer_k, self.layer_v = self.k.unbind(0), self.v.unbind(0)  # per-layer views, made once
         self.length = 0
+        # [positions, D]: the model's final-norm output at each cached position, where a feature draft
+        # (`drafters.eagle`) asked for them with `keep_features`; None otherwise
+        self.features: torch.Tensor | None = None
+
+    def keep_features(self, dim: int, dtype: torch.dtype = torch.float32) -> None:
+        """From now on the model also stores each new position's final-norm output in `features`."""
+        if self.features is None:
+            self.features = torch.empty(self.positions, dim, dtype=dtype)
 
     def __len__(self) -> int:
         return self.length
@@ -40,4 +48,6 @@ class NativeCache:
             index = torch.tensor(slots)
             self.k[:, :, start : start + len(slots)] = self.k[:, :, index]
             self.v[:, :, start : start + len(slots)] = self.v[:, :, index]
+            if self.features is not None:
+                self.features[start : start + len(slots)] = self.features[index]
         self.length = start + len(slots)

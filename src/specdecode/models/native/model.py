@@ -386,17 +386,19 @@ class NativeLlama:
             depth.append(0 if p < 0 else depth[p] + 1)
         return p0 + torch.tensor(depth)
 
-    def _layers(self, ids: torch.Tensor, segments: Sequence[_Segment], prefill: bool = False) -> torch.Tensor:
+    def _layers(self, ids: torch.Tensor | None, segments: Sequence[_Segment], prefill: bool = False,
+                inputs: torch.Tensor | None = None) -> torch.Tensor:
         """ids [T], the rows of `segments` in turn (one request's each, with its own cache: a chain, or
         a tree given its parents, in cache slots cache.length..) -> final hidden states [T, D]; fills
-        the caches. The products run once over all T rows; RoPE with the cache writes and the
-        attention per segment over its own cache."""
+        the caches (and the final-norm outputs of those that `keep_features`). The products run once
+        over all T rows; RoPE with the cache writes and the attention per segment over its own cache.
+        `inputs` [T, D]: the first layer's inputs in place of the tokens' embeddings (a feature draft's)."""
         one = len(segments) == 1
         positions = self._positions(segments[0]) if one else torch.cat([self._positions(s) for s in segments])
         rope = (self.cos[positions], self.sin[positions],  # [T, hd]: the global layers', then the sliding ones'
                 *((None, None) if self.cos_swa is None else (self.cos_swa[positions], self.sin_swa[positions])))
-        x = self.embedding(ids)  # [T, D]
-        if self.embed_scale != 1.0:
+        x = self.embedding(ids) if inputs is None else inputs  # [T, D]
+        if self.embed_scale != 1.0 and inputs is None:
             x = x * self.embed_scale
         if not prefill and self.layer_pointers is not None:  # the loop below in one C call
             hidden = self.blocks[0]["gate_up"].out_features // 2
@@ -408,7 +410,12 @@ class NativeLlama:
         else:
             with threads.lent_to_torch(self.n_threads) if self.owns_cores else nullcontext():
                 x = self._layer_loop(x, segments, rope, prefill)
+        start = 0
         for s in segments:
+            if s.cache.features is not None:
+                s.cache.features[s.cache.length : s.cache.length + s.rows] = self.kernels.rms_norm(
+                    x[start : start + s.rows], self.norm, self.eps)
+            start += s.rows
             s.cache.length += s.rows
         return x
 
