@@ -188,6 +188,8 @@ class Decoding:
         self.limit = target.max_positions
         self.context = list(prompt)
         self.cache = target.new_cache() if cache is None else cache
+        if hasattr(drafter, "follow"):  # a feature draft reads the target's features from its cache
+            drafter.follow(self.cache)
         self.emitted = 0
         self.finished = False
         self._pending: _Pending | None = None

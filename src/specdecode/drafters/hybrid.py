@@ -20,10 +20,12 @@ from .model import ModelDrafter
 
 
 class LookupThenModelDrafter(BaseDrafter):
-    def __init__(self, model: ModelDrafter, min_match: int = 2, max_ngram: int = 3) -> None:
+    def __init__(self, model: ModelDrafter | BaseDrafter, min_match: int = 2, max_ngram: int = 3) -> None:
         self.lookup = PromptLookupDrafter(max_ngram=max(max_ngram, min_match), min_ngram=min_match)
         self.model = model
         self.vocab = model.vocab
+        if hasattr(model, "follow"):  # a feature draft reads the target's cache (drafters.eagle)
+            self.follow = model.follow
         self._last = None  # the drafter that made the latest proposal
 
     def reset(self, params: SamplingParams, generator: torch.Generator | None) -> None:

@@ -5,13 +5,16 @@
                       the context or (with a shared cache) in earlier outputs
     ngram:FILE.npz    an n-gram model fitted with `specdecode ngram fit`
     trained           the draft network shipped for the embedded target
+    eagle             the feature draft shipped for the embedded target (native backend: it reads the
+                      target's own features, `drafters.eagle`)
+    eagle:PATH        a feature draft trained by `specdecode distill --eagle`
     PATH              a draft model: a .gguf file, a transformers directory, or a `distill` output; one
                       with another tokenizer than the target's drafts its text re-tokenised for the
                       target when greedy, among the tokens both share when sampling
                       (`cross.CrossVocabDrafter`)
     text:PATH         a draft model with another tokenizer whose greedy text is re-tokenised for the
                       target whatever the sampling (`cross.TextDrafter`)
-    lookup+MODEL      prompt lookup where the text repeats, MODEL (trained or a PATH) elsewhere
+    lookup+MODEL      prompt lookup where the text repeats, MODEL (trained, eagle[:PATH] or a PATH) elsewhere
     module:Name       a drafter of your own: `Name` in an importable module (the current directory
                       is searched first), a class or function called with the target model (with
                       nothing where it has no required argument) that returns a `Drafter`
@@ -34,6 +37,7 @@ from .base import check_drafter
 LOOKUP = "lookup"
 SUFFIX = "suffix"
 TRAINED = "trained"
+EAGLE = "eagle"
 HYBRID = "lookup+"
 NGRAM = "ngram:"
 TEXT = "text:"
@@ -99,15 +103,22 @@ class DraftSpec:
             raise ValueError("ngram: needs a file, e.g. ngram:bigram.npz")
         if self.spec.startswith(HYBRID) and not self.spec[len(HYBRID):]:
             raise ValueError("lookup+ needs a draft model, e.g. lookup+trained")
+        if self.spec.startswith(EAGLE + ":") and not self.spec[len(EAGLE) + 1:]:
+            raise ValueError("eagle: needs a feature draft directory, e.g. eagle:my-eagle (or 'eagle' for the shipped one)")
         if self.spec.startswith(TEXT) and not self.spec[len(TEXT):]:
             raise ValueError("text: needs a draft model path, e.g. text:draft.gguf")
         if not (0.0 <= self.min_confidence < 1.0):
             raise ValueError(f"min_confidence must be in [0, 1), got {self.min_confidence}")
 
     @property
+    def is_eagle(self) -> bool:
+        """The feature draft (shipped, or eagle:PATH)."""
+        return self.spec == EAGLE or self.spec.startswith(EAGLE + ":")
+
+    @property
     def is_user(self) -> bool:
         """A drafter of the user's own (module:Name, or a registered entry-point name), not a path."""
-        if self.spec in (LOOKUP, SUFFIX, TRAINED) or self.spec.startswith((NGRAM, HYBRID, TEXT)):
+        if self.spec in (LOOKUP, SUFFIX, TRAINED) or self.spec.startswith((NGRAM, HYBRID, TEXT)) or self.is_eagle:
             return False
         if os.path.exists(self.spec):
             return False
@@ -116,7 +127,7 @@ class DraftSpec:
     @property
     def model_path(self) -> str | None:
         """The draft model this spec loads, or None for a drafter without one."""
-        if self.spec in (LOOKUP, SUFFIX) or self.spec.startswith(NGRAM) or self.is_user:
+        if self.spec in (LOOKUP, SUFFIX) or self.spec.startswith(NGRAM) or self.is_user or self.is_eagle:
             return None
         path = self.spec
         for prefix in (HYBRID, TEXT):
@@ -175,6 +186,12 @@ def make_drafter(spec: DraftSpec | str, target: Model, draft_model: Model | None
         return NgramDrafter.load(spec.spec[len(NGRAM):], trees=trees)
     if spec.is_user:
         return build_user_drafter(spec.spec, target)
+    inner = DraftSpec(spec.spec[len(HYBRID):]) if spec.spec.startswith(HYBRID) else spec
+    if inner.is_eagle:
+        from .eagle import EagleDrafter
+
+        drafter = EagleDrafter.load(target, inner.spec[len(EAGLE) + 1:] or None)
+        return LookupThenModelDrafter(drafter) if inner is not spec else drafter
     if draft_model is None:
         draft_model = load_draft_model(spec.model_path, target, spec.backend or backend, dtype, device, threads)
     drafter = model_drafter(spec, target, draft_model)

@@ -1,0 +1,202 @@
+"""`--draft eagle`: the feature draft (`models.eagle`) on the target's native kernels, drafting from
+the target's own features (EAGLE, Li et al. 2024).
+
+The target keeps its final-norm output at every cached position (`NativeCache.keep_features`), which
+it computes anyway. Before a proposal the target's cache holds every context token but the newest,
+so the draft has the pairs (f_t, x_{t+1}) for every t up to the newest token: it feeds those it has
+not seen (the tokens the last iteration kept), which predicts the newest position's features, reads
+them out as q over the next token, and drafts on from its own predictions. Those speculative rows
+are dropped from its cache at the next proposal, before the real features replace them. Tokens
+outside its head's kept vocabulary get q = 0: verification stays exact (Leviathan et al. 2023,
+Algorithm 1, for any q).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+from weakref import WeakKeyDictionary
+
+import torch
+
+from ..models.eagle import EagleNet, load_eagle
+from ..models.native.cache import NativeCache
+from ..models.native.linear import Int4Linear, Q8Linear
+from ..models.native.model import NativeLlama, _Segment
+from ..models.native.source import Groups4, Groups8
+from ..sampling import SamplingParams, sample
+from .base import BaseDrafter, Draft
+
+# The draft trained for the embedded default target, shipped in the package
+SHIPPED = Path(__file__).resolve().parents[1] / "weights" / "smollm2-135m-instruct-eagle"
+
+
+def q8_groups(weight: torch.Tensor) -> Groups8:
+    """weight [N, K] float -> Q8_0 groups as llama.cpp writes them: per 32 inputs d = max |w| / 127 in
+    float16, q = round(w / d)."""
+    N, K = weight.shape
+    w = weight.detach().float().view(N, K // 32, 32)
+    d = (w.abs().amax(-1) / 127).half().float()  # [N, K/32]
+    q = torch.where(d[..., None] > 0, w / d.clamp_min(1e-30)[..., None], torch.zeros(())).round().clamp(-127, 127)
+    return Groups8(q.to(torch.int8).view(N, K), d)
+
+
+def q4_groups(weight: torch.Tensor) -> Groups4:
+    """weight [N, K] float -> Q4_1 groups as llama.cpp writes them: per 32 inputs m = min w and
+    d = (max w - m) / 15 in float16, q = round((w - m) / d) in 0..15."""
+    N, K = weight.shape
+    w = weight.detach().float().view(N, K // 32, 32)
+    m = w.amin(-1).half().float()
+    d = ((w.amax(-1) - m) / 15).half().float()  # [N, K/32]
+    q = ((w - m[..., None]) / d.clamp_min(1e-30)[..., None]).round().clamp(0, 15)
+    return Groups4(q.to(torch.uint8).view(N, K), d.half(), m.half())
+
+
+def head_rows(target: NativeLlama, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of the target's LM head, float32 [len(ids), D]."""
+    if isinstance(target.head, Q8Linear):
+        return target.head.rows(ids)
+    weight = getattr(target.head, "weight", None)
+    if weight is None:
+        raise ValueError(f"a feature draft reads {target.name}'s LM head rows, and its {type(target.head).__name__} "
+                         "head does not give them")
+    return weight[ids].float()
+
+
+class FeatureDraft(NativeLlama):
+    """The draft network on the target's native kernels: its layer through the same one-call C decode
+    layers as the target's, `fc` and the cut head as integer products (4- or 8-bit weights, 8-bit
+    activations), the target's embedding table, RoPE tables and kernels shared, not copied."""
+
+    BITS = (4, 8)
+
+    def __init__(self, net: EagleNet, target: NativeLlama, bits: int = 4) -> None:  # noqa: super().__init__ reads a file
+        """`bits`: the weights' (the layer's, fc's and the cut head's) groups, Q4_1 or Q8_0 as llama.cpp
+        writes them; either with 8-bit activations."""
+        if bits not in self.BITS:
+            raise ValueError(f"a feature draft runs on 4- or 8-bit weights, not {bits}")
+        c = net.config
+        if not isinstance(target, NativeLlama) or target.layer_pointers is None:
+            raise ValueError("a feature draft runs on the native backend's C kernels with float32 activations "
+                             f"(--backend native, --dtype w4a8 or float32); {target!r} has none")
+        ours, theirs = (c.dim, c.heads, c.kv_heads, c.head_dim), (target.dim, target.heads, target.kv_heads,
+                                                                  target.head_dim)
+        if ours != theirs:
+            raise ValueError(f"this feature draft was trained for {c.target or 'another model'} (dim, heads, kv "
+                             f"heads, head size {ours}), not {target.name} {theirs}")
+        self.target, self.name, self.n_threads, self.device = target, f"eagle({target.name})", target.n_threads, target.device
+        self.layers, self.heads, self.kv_heads, self.dim, self.head_dim, self.eps = 1, c.heads, c.kv_heads, c.dim, c.head_dim, c.eps
+        self.max_positions, self.windows, self.attention_scale = target.max_positions, [0], target.attention_scale
+        self.embed_scale, self.gelu, self.softcap = 1.0, False, 0.0
+        self.compute_dtype, self.kernels, self.dtype = torch.float32, target.kernels, f"w{bits}a8"
+        self.tokenizer, self.vocab, self.eos_token_ids = target.tokenizer, target.vocab, target.eos_token_ids
+        if bits == 8:
+            product = lambda w: Q8Linear.from_groups(q8_groups(w), self.kernels, int8_activations=True)  # noqa: E731
+        else:
+            product = lambda w: Int4Linear.from_groups(q4_groups(w), torch.float32, self.kernels,  # noqa: E731
+                                                  int8_activations=True)
+        self.bits = bits
+        with torch.no_grad():
+            self.fc, self.fc_bias = product(net.fc.weight), net.fc.bias.detach().float().clone()
+            self.blocks = [dict(attn_norm=net.attn_norm.detach().float().clone(),
+                                mlp_norm=net.mlp_norm.detach().float().clone(), qkv_bias=None, q_norm=None,
+                                k_norm=None, post_attn_norm=None, post_mlp_norm=None, qkv=product(net.qkv.weight),
+                                o=product(net.o.weight), gate_up=product(net.gate_up.weight), down=product(net.down.weight))]
+            self.norm = net.norm.detach().float().clone()
+            self.kept_ids = net.kept_ids.clone()  # [N] target ids
+            if int(self.kept_ids.max()) >= target.vocab_size:
+                raise ValueError(f"this feature draft's head names token {int(self.kept_ids.max())}, past "
+                                 f"{target.name}'s vocabulary of {target.vocab_size}")
+            self.head = product(head_rows(target, self.kept_ids))
+        self.embedding = target.embedding
+        self.vocab_size = len(self.kept_ids)
+        self.cos, self.sin, self.cos_swa, self.sin_swa = target.cos, target.sin, None, None
+        self.layer_pointers = self._layer_pointers()
+        if self.layer_pointers is None:
+            raise ValueError("the C kernels do not run this feature draft's layer")
+        self.row_invariant_prompts, self.prefill_products, self.owns_cores = True, None, False
+
+    def step(self, ids: torch.Tensor, features: torch.Tensor, cache: NativeCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids [T] (x_{t+1}), features [T, D] (f_t) appended to `cache` -> the last row's predicted
+        features [1, D] and its logits over the kept tokens [1, N]."""
+        x = self.fc(torch.cat([self.embedding(ids), features], dim=-1)) + self.fc_bias  # [T, D]
+        h = self._layers(None, [_Segment(cache, ids.shape[0])], inputs=x)
+        f = self.kernels.rms_norm(h[-1:], self.norm, self.eps)
+        return f, self.head(f)
+
+    def __repr__(self) -> str:
+        return f"FeatureDraft({self.target.name}, {self.vocab_size} kept tokens, {self.bits}-bit weights)"
+
+
+_BUILT: WeakKeyDictionary = WeakKeyDictionary()  # target -> {draft path: FeatureDraft}
+
+
+class EagleDrafter(BaseDrafter):
+    """Chains drafted by a `FeatureDraft` from the target cache's features (module docstring); greedy:
+    its argmax (a point mass, deterministic); else sampled from q, its kept tokens' adjusted
+    distribution (zero elsewhere)."""
+
+    def __init__(self, draft: FeatureDraft) -> None:
+        self.draft = draft
+        self.vocab = draft.vocab
+        self.target_cache: NativeCache | None = None
+        self.cache: NativeCache | None = None
+        self.fed = 0  # the real-feature rows the draft cache holds (pairs t = 0 .. fed - 1)
+
+    @classmethod
+    def load(cls, target: NativeLlama, path: str | Path | None = None) -> EagleDrafter:
+        """A drafter around the feature draft at `path` (default: the one shipped for the embedded
+        target) on `target`, built once per target and path (a server makes a drafter a request)."""
+        path = Path(SHIPPED if path is None else path).resolve()
+        built = _BUILT.setdefault(target, {})
+        if path not in built:
+            built[path] = FeatureDraft(load_eagle(path)[0], target)
+        return cls(built[path])
+
+    def follow(self, cache: NativeCache) -> None:
+        """Draft from the features of the target cache the decoding verifies in (it keeps them from now)."""
+        if not isinstance(cache, NativeCache):
+            raise ValueError(f"a feature draft follows the native backend's cache, not a {type(cache).__name__}")
+        if len(cache):
+            raise ValueError("a feature draft needs the target's features from the prompt's first position: "
+                             f"this cache already holds {len(cache)} positions")
+        cache.keep_features(self.draft.dim)
+        self.target_cache = cache
+
+    def reset(self, params: SamplingParams, generator: torch.Generator | None) -> None:
+        self.params, self.generator = params, generator
+        self.cache, self.fed, self.target_cache = None, 0, None
+
+    def propose(self, context: Sequence[int], gamma: int) -> Draft:
+        target = self.target_cache
+        if target is None:
+            raise RuntimeError("EagleDrafter.follow(cache) must name the target's cache before propose()")
+        n = len(target)  # features f_0 .. f_{n-1}; the pairs need x_{t+1}: context[1 .. n]
+        if n >= len(context) or n < self.fed:
+            raise RuntimeError(f"the target cache holds {n} positions for a context of {len(context)}, and the "
+                               f"draft has seen {self.fed}")
+        if self.cache is None:
+            self.cache = self.draft.new_cache(min(self.draft.max_positions, len(context) + 4096))
+        self.cache.trim(len(self.cache) - self.fed)  # the last proposal's speculative rows
+        if n + gamma > self.cache.positions:
+            gamma = self.cache.positions - n
+        ids = torch.tensor(context[self.fed + 1 : n + 1])
+        f, logits = self.draft.step(ids, target.features[self.fed : n], self.cache)
+        self.fed = n
+        kept, greedy = self.draft.kept_ids, self.params.is_greedy
+        tokens, probs = [], []
+        for i in range(gamma):
+            if greedy:
+                x = kept[logits[0].argmax()].view(1)
+            else:
+                full = torch.full((1, self.draft.target.vocab_size), float("-inf"))
+                full[0, kept] = logits[0]
+                q = self.params.probs(full)  # [1, V]
+                x = sample(q, self.generator)
+                probs.append(q)
+            tokens.append(x)
+            if i + 1 < gamma:  # the last token is fed only if it is accepted (as a real pair, next time)
+                f, logits = self.draft.step(x, f, self.cache)
+        if not tokens:
+            return Draft(torch.empty(1, 0, dtype=torch.long), None if greedy else torch.empty(1, 0, 0))
+        return Draft(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)

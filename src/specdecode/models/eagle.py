@@ -1,0 +1,127 @@
+"""The feature draft network (EAGLE: Li et al. 2024, arXiv 2401.15077): one decoder layer that reads
+the target's own features instead of learning the language from tokens.
+
+At position t it takes f_t, the target's final-norm output there (what its LM head reads), and the
+embedding of the next token x_{t+1}, and predicts f_{t+1}; the target's head, cut to the `kept`
+most frequent tokens (FR-Spec, arXiv 2502.14856), reads the prediction out as the draft's q over
+x_{t+2}. Drafting further feeds its own predictions back in place of f.
+
+    x = fc([embed(x_{t+1}); f_t])                      [T, 2D] -> [T, D]
+    x = x + o(attend(rope(qkv(norm(x)))))              the target's heads, head size and RoPE
+    x = x + down(silu(gate(norm(x))) * up(norm(x)))
+    f_hat = norm(x)                                    [T, D]: the predicted f_{t+1}
+
+This module holds the network in PyTorch (training, and the reference the native runner is tested
+against) and its file: one safetensors file, its config in the metadata, float16 weights.
+`drafters.eagle` runs it on the native kernels.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FILE = "eagle.safetensors"
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    """The draft's shapes: the target's dim, heads, kv_heads, head_dim and norm eps; `hidden` its
+    MLP's width; `kept` the head's tokens; `target` the name of the model it was trained on."""
+
+    dim: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    eps: float
+    kept: int
+    target: str = ""
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class EagleNet(nn.Module):
+    """The draft network (module docstring), in float32."""
+
+    def __init__(self, config: EagleConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        qkv = (c.heads + 2 * c.kv_heads) * c.head_dim
+        self.fc = nn.Linear(2 * c.dim, c.dim)
+        self.attn_norm = nn.Parameter(torch.ones(c.dim))
+        self.qkv = nn.Linear(c.dim, qkv, bias=False)
+        self.o = nn.Linear(c.heads * c.head_dim, c.dim, bias=False)
+        self.mlp_norm = nn.Parameter(torch.ones(c.dim))
+        self.gate_up = nn.Linear(c.dim, 2 * c.hidden, bias=False)  # gate | up, as the native kernels take it
+        self.down = nn.Linear(c.hidden, c.dim, bias=False)
+        self.norm = nn.Parameter(torch.ones(c.dim))
+        self.register_buffer("kept_ids", torch.zeros(c.kept, dtype=torch.long))  # the head's tokens, target ids
+
+    def forward(self, embeds: torch.Tensor, features: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                scale: float) -> torch.Tensor:
+        """embeds, features [B, T, D] (x_{t+1}'s embedding, f_t), cos/sin [T, hd] or [B, T, hd] of positions t, `scale`
+        the attention's -> the predicted features [B, T, D], causally (position t sees 0..t)."""
+        c = self.config
+        B, T, _ = embeds.shape
+        x = self.fc(torch.cat([embeds, features], dim=-1))
+        q, k, v = self.qkv(rms_norm(x, self.attn_norm, c.eps)).split(
+            [c.heads * c.head_dim, c.kv_heads * c.head_dim, c.kv_heads * c.head_dim], dim=-1)
+        q = q.view(B, T, c.heads, c.head_dim).transpose(1, 2)  # [B, H, T, hd]
+        k = k.view(B, T, c.kv_heads, c.head_dim).transpose(1, 2)
+        v = v.view(B, T, c.kv_heads, c.head_dim).transpose(1, 2)
+        if cos.dim() == 3:  # [B, T, hd]: each row's own positions
+            cos, sin = cos[:, None], sin[:, None]
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        group = c.heads // c.kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)  # [B, H, T, hd]
+        x = x + self.o(attn.transpose(1, 2).reshape(B, T, c.heads * c.head_dim))
+        gate, up = self.gate_up(rms_norm(x, self.mlp_norm, c.eps)).chunk(2, dim=-1)
+        x = x + self.down(F.silu(gate) * up)
+        return rms_norm(x, self.norm, c.eps)
+
+
+def save_eagle(path: str | Path, net: EagleNet, meta: dict | None = None) -> Path:
+    """The network as one safetensors file (float16 weights, int32 kept ids) under directory `path`."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {n: t.detach().to(torch.int32 if n == "kept_ids" else torch.float16).contiguous()
+               for n, t in net.state_dict().items()}
+    save_file(tensors, str(path / FILE), metadata={"config": json.dumps(asdict(net.config)),
+                                                   "meta": json.dumps(meta or {})})
+    return path
+
+
+def load_eagle(path: str | Path) -> tuple[EagleNet, dict]:
+    """A saved feature draft (a directory holding eagle.safetensors, or the file) -> (the network in
+    float32, its training record)."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    file = path / FILE if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(f"no feature draft at {str(path)!r} (expected {FILE}, written by "
+                                f"`specdecode distill --eagle`)")
+    with safe_open(str(file), "pt") as f:
+        metadata = f.metadata() or {}
+        if "config" not in metadata:
+            raise ValueError(f"{str(file)!r} is not a feature draft: its metadata has no config")
+        net = EagleNet(EagleConfig(**json.loads(metadata["config"])))
+        state = {n: f.get_tensor(n) for n in f.keys()}
+    net.load_state_dict({n: t.long() if n == "kept_ids" else t.float() for n, t in state.items()})
+    return net.eval(), json.loads(metadata.get("meta", "{}"))
