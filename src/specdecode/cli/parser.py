@@ -27,7 +27,8 @@ def _model_options(with_draft: bool = True) -> argparse.ArgumentParser:
         common.add_argument("--draft", default=LOOKUP,
                             help="'lookup' for prompt lookup (default), 'suffix' for suffix drafting (the most "
                                  "frequent continuation of the longest earlier match), 'trained' for the draft "
-                                 "network shipped for the embedded target, a draft model path (one with another "
+                                 "network shipped for the embedded target, 'eagle' for the feature draft shipped for it (native backend; "
+                                 "eagle:DIR for one trained by distill --eagle), a draft model path (one with another "
                                  "tokenizer drafts its text re-tokenised when greedy, the tokens both share when "
                                  "sampling), text:PATH (its text re-tokenised always), lookup+MODEL (copy where the text repeats, MODEL "
                                  "elsewhere, e.g. lookup+trained), ngram:FILE.npz, or module:Name for a drafter of "
@@ -135,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--ngram", default=None, help="an n-gram drafter file (.npz from `ngram fit`) to include")
     bench.add_argument("--suffix", action="store_true",
                        help="include suffix drafting (each run on its own: no memory of earlier prompts' outputs)")
+    bench.add_argument("--eagle", nargs="?", const="", default=None, metavar="DIR",
+                       help="include the feature draft (native backend): the one shipped for the embedded target, or "
+                            "DIR from distill --eagle")
     bench.add_argument("--gamma", type=gamma_arg, nargs="+", default=[2, 4, 8, "auto"],
                        help="fixed gammas and/or 'auto' (default: 2 4 8 auto)")
     bench.add_argument("--max-gamma", type=int, default=8, help="upper bound for 'auto' (default 8)")
@@ -221,17 +225,23 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--data-minutes", type=float, default=50.0, help="time for generating the corpus (default 50)")
     dist.add_argument("--train-minutes", type=float, default=55.0, help="training time (default 55)")
     dist.add_argument("--data-batches", type=int, default=None,
-                      help="stop generating after this many batches, even within --data-minutes")
+                      help="stop generating after this many batches (with --eagle: answers begun), even within --data-minutes")
     dist.add_argument("--train-steps", type=int, default=None,
                       help="stop training after this many steps, even within --train-minutes")
     dist.add_argument("--layers", type=int, default=3)
     dist.add_argument("--dim", type=int, default=256)
     dist.add_argument("--heads", type=int, default=4)
-    dist.add_argument("--mlp-dim", type=int, default=768)
+    dist.add_argument("--mlp-dim", type=int, default=None, help="MLP width (default 768; with --eagle the target's)")
     dist.add_argument("--embed-dim", type=int, default=128, help="factorised input embedding size (default 128)")
-    dist.add_argument("--kept", type=int, default=12288, help="output vocabulary: the most used tokens (default 12288)")
+    dist.add_argument("--kept", type=int, default=None,
+                      help="output vocabulary: the most used tokens (default 12288; with --eagle 8192)")
     dist.add_argument("--window", type=int, default=1024, help="attention window in tokens (default 1024)")
-    dist.add_argument("--lr", type=float, default=2e-3)
+    dist.add_argument("--lr", type=float, default=None, help="learning rate (default 2e-3; with --eagle 1e-3)")
+    dist.add_argument("--eagle", action="store_true",
+                      help="train a feature draft (EAGLE) on the native backend: one decoder layer reading the "
+                           "target's own features, drafted with --draft eagle:OUT; --layers, --dim, --heads, "
+                           "--embed-dim, --window and --gen-batch do not apply (its shapes are the target's; "
+                           "--mlp-dim sets its MLP's width, default the target's)")
     dist.add_argument("--batch-tokens", type=int, default=8192, help="tokens per training batch (default 8192)")
     dist.add_argument("--gen-batch", type=int, default=32, help="prompts per generation batch (default 32)")
     dist.add_argument("--answer-tokens", type=int, default=256, help="longest answer generated (default 256)")

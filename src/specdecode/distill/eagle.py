@@ -1,0 +1,331 @@
+"""`specdecode distill --eagle`: train a feature draft (`models.eagle`) for a native target.
+
+1. **Data** (`generate_features`): the target answers built prompts (`distill.prompts`), every
+   sequence greedy or at temperature 1 in turn, many at once through `forward_batch` (one ragged
+   forward a step). Its cache keeps the final-norm features of every position it computes, so the
+   features come with the answers: no second pass.
+2. **Training** (`train_eagle`): for each pair (f_t, x_{t+1}) the draft predicts f_{t+1}; the loss is
+   EAGLE's, a smooth-L1 regression onto f_{t+1} plus 0.1 x the cross-entropy of its head read-out
+   against the target's own distribution there (over the kept tokens), and the same again for a
+   second step drafted from the draft's own predicted features (training-time test, EAGLE-3), so
+   the draft learns to continue from its own predictions, as it must when drafting.
+3. **Learning curve**: at each evaluation, on held-out sequences, the training tokens seen, the
+   first-step greedy agreement (the draft's argmax is the target's) and the expected acceptance at
+   temperature 1, alpha = E[sum_x min(p, q)] (Leviathan et al. 2023, Definition 3.1), both over
+   the target's whole vocabulary. The best weights by alpha are kept.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..drafters.eagle import head_rows
+from ..models.base import ForwardCall
+from ..models.eagle import EagleConfig, EagleNet, save_eagle
+from ..text import encode_prompt
+from .prompts import passage_prompts, seed_prompts
+
+
+@dataclass
+class FeatureCorpus:
+    """Concatenated sequences (prompt, then answer): sequence i is tokens[offsets[i]:offsets[i+1]],
+    its answer from answer_starts[i]; features[j] is the target's final-norm output at token j (zero
+    at each sequence's last token, which the target never read)."""
+
+    tokens: np.ndarray  # [total] int32
+    offsets: np.ndarray  # [S + 1] int64
+    answer_starts: np.ndarray  # [S] int64
+    features: np.ndarray  # [total, D] float16
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.answer_starts)
+
+    @property
+    def num_answer_tokens(self) -> int:
+        return int((self.offsets[1:] - self.answer_starts).sum())
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(path, tokens=self.tokens, offsets=self.offsets, answer_starts=self.answer_starts,
+                 features=self.features)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> FeatureCorpus:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"feature corpus {str(path)!r} does not exist")
+        with np.load(path) as f:
+            missing = {"tokens", "offsets", "answer_starts", "features"} - set(f.files)
+            if missing:
+                raise ValueError(f"{str(path)!r} is not a feature corpus (it lacks {', '.join(sorted(missing))})")
+            return cls(f["tokens"], f["offsets"], f["answer_starts"], f["features"])
+
+
+class _Sequence:
+    """One answer being generated, in its own cache."""
+
+    def __init__(self, target, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> None:
+        self.prompt, self.tokens, self.temperature = prompt, list(prompt), temperature
+        self.cache = target.new_cache(min(target.max_positions, len(prompt) + max_new_tokens + 1))
+        self.cache.keep_features(target.dim)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.left = max_new_tokens
+
+    def finish(self) -> _Sequence:
+        """Keep the features (float16; zero at the last token, which the target never read), free the cache."""
+        n = len(self.tokens)
+        self.features = torch.zeros(n, self.cache.features.shape[1], dtype=torch.float16)
+        self.features[: n - 1] = self.cache.features[: n - 1].half()
+        self.cache = None
+        return self
+
+    def next_token(self, logits: torch.Tensor, eos: frozenset[int]) -> bool:
+        """Append the token `logits` [V] give; whether the answer goes on."""
+        if self.temperature == 0:
+            token = int(logits.argmax())
+        else:
+            token = int(torch.multinomial(torch.softmax(logits / self.temperature, -1), 1, generator=self.generator))
+        self.tokens.append(token)
+        self.left -= 1
+        return token not in eos and self.left > 0 and len(self.tokens) < self.cache.positions
+
+
+def generate_features(target, seconds: float, concurrent: int = 16, max_new_tokens: int = 256, seed: int = 0,
+                      log=print, max_sequences: int | None = None) -> FeatureCorpus:
+    """The target's answers to built prompts, with its features (module docstring, step 1): about
+    `seconds` of generation (or `max_sequences` answers begun), `concurrent` answers at a time."""
+    if seconds <= 0 or concurrent < 1 or max_new_tokens < 1:
+        raise ValueError("the feature corpus needs a positive time budget, concurrency and answer length")
+    start, eos = time.perf_counter(), frozenset(target.eos_token_ids)
+    seeds = iter(seed_prompts(100_000, seed))
+    passages: list[tuple[str, str]] = []
+    done: list[_Sequence] = []
+    active: list[_Sequence] = []
+    begun = 0
+
+    def begin() -> None:
+        nonlocal begun
+        if passages and begun % 2:  # half the prompts quote earlier answers, once there are some
+            prompt = passage_prompts(passages, 1, seed + begun)[0]
+        else:
+            prompt = next(seeds)[1]
+        seq = _Sequence(target, encode_prompt(target.tokenizer, prompt), max_new_tokens, float(begun % 2), seed + begun)
+        begun += 1
+        logits = target.forward(torch.tensor([seq.prompt]), seq.cache, num_logits=1)[0, -1]
+        if seq.next_token(logits, eos):
+            active.append(seq)
+        else:
+            done.append(seq.finish())
+
+    def more() -> bool:
+        return time.perf_counter() - start < seconds and (max_sequences is None or begun < max_sequences)
+
+    while True:
+        while len(active) < concurrent and more():
+            begin()
+        if not active or not more():  # the budget is spent: the answers begun are kept as far as they got
+            done += [s.finish() for s in active]
+            break
+        calls = [ForwardCall(torch.tensor([[s.tokens[-1]]]), s.cache, num_logits=1) for s in active]
+        still = []
+        for s, logits in zip(active, target.forward_batch(calls)):
+            if s.next_token(logits[0, -1], eos):
+                still.append(s)
+                continue
+            done.append(s.finish())
+            text = target.tokenizer.decode(s.tokens[len(s.prompt):], skip_special_tokens=True).strip()
+            if len(text.split()) >= 40:
+                passages.append(("answer", text))
+        active = still
+    total = sum(len(s.tokens) - len(s.prompt) for s in done)
+    log(f"feature corpus: {len(done)} answers, {total} answer tokens in {time.perf_counter() - start:.0f} s")
+    if not done:
+        raise ValueError("no answer was generated: raise the time budget")
+    tokens, offsets, starts, features = [], [0], [], []
+    for s in done:
+        n = len(s.tokens)
+        starts.append(offsets[-1] + len(s.prompt))
+        tokens.extend(s.tokens)
+        offsets.append(offsets[-1] + n)
+        features.append(s.features.numpy())
+    return FeatureCorpus(np.array(tokens, dtype=np.int32), np.array(offsets, dtype=np.int64),
+                         np.array(starts, dtype=np.int64), np.concatenate(features))
+
+
+def choose_kept(corpus: FeatureCorpus, size: int, always=()) -> torch.Tensor:
+    """The `size` most frequent tokens of the answers, plus `always` (end-of-turn tokens), sorted."""
+    answers = np.concatenate([corpus.tokens[a:b] for a, b in zip(corpus.answer_starts, corpus.offsets[1:])])
+    counts = np.bincount(answers, minlength=int(corpus.tokens.max()) + 1).astype(np.float64)
+    counts[[t for t in always if t < len(counts)]] = np.inf
+    order = np.argsort(-counts, kind="stable")[:size]
+    return torch.from_numpy(np.sort(order)).long()
+
+
+def _windows(corpus: FeatureCorpus, sequences: list[int], window: int) -> list[tuple[int, int]]:
+    """(start, length) of every training window: pairs t = start .. start + length - 1 of a sequence, each
+    with a target f_{t+1} (so t + 2 < the sequence's end)."""
+    out = []
+    for i in sequences:
+        a, b = int(corpus.offsets[i]), int(corpus.offsets[i + 1])
+        for s in range(a, b - 2, window):
+            out.append((s, min(window, b - 2 - s)))
+    return out
+
+
+class _Batches:
+    """Windows as padded tensors: embeddings of x_{t+1}, f_t, f_{t+1}, positions, mask."""
+
+    def __init__(self, target, corpus: FeatureCorpus, window: int) -> None:
+        self.target, self.corpus, self.window = target, corpus, window
+        self.seq_start = np.repeat(corpus.offsets[:-1], np.diff(corpus.offsets))  # token -> its sequence's start
+
+    @torch.no_grad()
+    def make(self, windows: list[tuple[int, int]]):
+        B, W, D = len(windows), max(n for _, n in windows), self.target.dim
+        ids = torch.zeros(B, W, dtype=torch.long)
+        feats, nxt = torch.zeros(B, W, D), torch.zeros(B, W, D)
+        pos, mask = torch.zeros(B, W, dtype=torch.long), torch.zeros(B, W, dtype=torch.bool)
+        for r, (s, n) in enumerate(windows):
+            ids[r, :n] = torch.from_numpy(self.corpus.tokens[s + 1 : s + 1 + n].astype(np.int64))
+            f = torch.from_numpy(self.corpus.features[s : s + n + 1].astype(np.float32))
+            feats[r, :n], nxt[r, :n] = f[:n], f[1:]
+            pos[r, :n] = torch.arange(s - int(self.seq_start[s]), s - int(self.seq_start[s]) + n)
+            mask[r, :n] = True
+        embeds = self.target.embedding(ids.view(-1)).view(B, W, D).float()
+        cos, sin = self.target.cos[pos].float(), self.target.sin[pos].float()  # [B, W, hd]
+        return embeds, feats, nxt, cos, sin, mask
+
+
+def _losses(net: EagleNet, head: torch.Tensor, batch, scale: float, steps: int = 2) -> torch.Tensor:
+    """EAGLE's loss (module docstring) over `steps` drafting steps."""
+    embeds, feats, nxt, cos, sin, mask = batch
+    with torch.no_grad():
+        p = torch.softmax(nxt[mask] @ head.T, -1)  # [M, N]: the target's distribution over the kept tokens
+    total, inputs = 0.0, feats
+    for step in range(steps):
+        pred = net(embeds, inputs, cos, sin, scale)  # [B, W, D]
+        reg = F.smooth_l1_loss(pred[mask], nxt[mask])
+        cls = -(p * torch.log_softmax(pred[mask] @ head.T, -1)).sum(-1).mean()
+        total = total + reg + 0.1 * cls
+        inputs = torch.cat([feats[:, :1], pred[:, :-1]], dim=1)  # position t drafted from the prediction of f_t
+    return total / steps
+
+
+@torch.no_grad()
+def evaluate(net: EagleNet, target, corpus: FeatureCorpus, windows, full_head: torch.Tensor, kept: torch.Tensor,
+             window_batch: int = 16) -> dict:
+    """First-step greedy agreement and alpha at temperature 1 over the target's whole vocabulary, on `windows`."""
+    batches, agree, alpha, n = _Batches(target, corpus, 0), 0.0, 0.0, 0
+    net.eval()
+    for i in range(0, len(windows), window_batch):
+        embeds, feats, nxt, cos, sin, mask = batches.make(windows[i : i + window_batch])
+        pred = net(embeds, feats, cos, sin, target.attention_scale)[mask]
+        p = torch.softmax(nxt[mask] @ full_head.T, -1)  # [M, V]
+        q_kept = torch.softmax(pred @ full_head[kept].T, -1)  # [M, N]
+        agree += float((kept[q_kept.argmax(-1)] == p.argmax(-1)).sum())
+        alpha += float(torch.minimum(p[:, kept], q_kept).sum())
+        n += int(mask.sum())
+    net.train()
+    return dict(greedy=agree / max(n, 1), alpha=alpha / max(n, 1), positions=n)
+
+
+def train_eagle(target, corpus: FeatureCorpus, kept: torch.Tensor, seconds: float, hidden: int | None = None,
+                lr: float = 1e-3, window: int = 256, window_batch: int = 16, seed: int = 0, log=print,
+                max_steps: int | None = None, evaluations: int = 8, held_out: float = 0.03) -> tuple[EagleNet, dict]:
+    """The feature draft trained on `corpus` for `seconds` (or `max_steps`), module docstring steps 2-3."""
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(corpus.num_sequences).tolist()
+    n_held = max(1, int(held_out * len(order))) if len(order) > 1 else 0
+    held, train = _windows(corpus, order[:n_held], window), _windows(corpus, order[n_held:], window)
+    if not train:
+        raise ValueError("the feature corpus has no sequence long enough to train on")
+    hidden = hidden or target.blocks[0]["gate_up"].out_features // 2
+    config = EagleConfig(target.dim, target.heads, target.kv_heads, target.head_dim, hidden, target.eps, len(kept),
+                         target.name)
+    net = EagleNet(config)
+    net.kept_ids.copy_(kept)
+    full_head = head_rows(target, torch.arange(target.vocab_size))  # [V, D]
+    head = full_head[kept]  # [N, D]
+    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.0)
+    batches = _Batches(target, corpus, window)
+    pairs = sum(n for _, n in train)
+    log(f"eagle: {sum(p.numel() for p in net.parameters()) / 1e6:.1f}M parameters; {pairs} training pairs in "
+        f"{len(train)} windows, {sum(n for _, n in held)} held out; {len(kept)} kept tokens")
+    start, step, seen, curve = time.perf_counter(), 0, 0, []
+    best, best_state = -1.0, None
+    epoch_steps = math.ceil(len(train) / window_batch)
+    total_steps = max_steps or 10**9
+    next_eval = 0.0
+    while True:
+        elapsed = time.perf_counter() - start
+        finished = elapsed >= seconds or step >= total_steps
+        if held and (finished or elapsed >= next_eval):
+            record = dict(step=step, tokens=seen, seconds=round(elapsed), **evaluate(net, target, corpus, held,
+                                                                                     full_head, kept))
+            curve.append(record)
+            log(f"eagle: step {step}, {seen} training tokens, {elapsed:.0f} s: held-out greedy agreement "
+                f"{record['greedy']:.3f}, alpha {record['alpha']:.3f}")
+            if record["alpha"] > best:
+                best, best_state = record["alpha"], {k: v.clone() for k, v in net.state_dict().items()}
+            next_eval = elapsed + seconds / evaluations
+        if finished:
+            break
+        if step % epoch_steps == 0:
+            rng.shuffle(train)
+        chunk = train[(step % epoch_steps) * window_batch : (step % epoch_steps + 1) * window_batch]
+        # cosine decay over the time budget, after a short warm-up
+        frac = min(1.0, elapsed / seconds if max_steps is None else step / max_steps)
+        for g in opt.param_groups:
+            g["lr"] = lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * frac))
+        loss = _losses(net, head, batches.make(chunk), target.attention_scale)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        opt.step()
+        step += 1
+        seen += sum(n for _, n in chunk)
+        if step % 20 == 0:
+            log(f"eagle: step {step}, loss {loss.item():.4f}, {time.perf_counter() - start:.0f} s")
+    if best_state is not None:
+        net.load_state_dict(best_state)
+    return net.eval(), dict(steps=step, training_tokens=seen, curve=curve, best_alpha=best)
+
+
+def distill_eagle(target, out: str | Path, corpus_path: str | Path, data_seconds: float, train_seconds: float,
+                  kept: int = 8192, hidden: int | None = None, lr: float = 1e-3, seed: int = 0, log=print,
+                  concurrent: int = 16, max_new_tokens: int = 256, max_sequences: int | None = None,
+                  max_steps: int | None = None) -> Path:
+    """Generate (or reuse, where `corpus_path` exists) the feature corpus, train, save to `out`."""
+    start = time.perf_counter()
+    corpus_path = Path(corpus_path)
+    if corpus_path.is_file():
+        corpus = FeatureCorpus.load(corpus_path)
+        if corpus.features.shape[1] != target.dim:
+            raise ValueError(f"the feature corpus {corpus_path} holds {corpus.features.shape[1]}-wide features, "
+                             f"not {target.name}'s {target.dim}: it was made for another model")
+        log(f"reusing the feature corpus {corpus_path} ({corpus.num_sequences} sequences); delete it to generate "
+            "a new one")
+    else:
+        corpus = generate_features(target, data_seconds, concurrent, max_new_tokens, seed, log, max_sequences)
+        corpus.save(corpus_path)
+        log(f"feature corpus written to {corpus_path}")
+    kept_ids = choose_kept(corpus, min(kept, target.vocab_size), always=target.eos_token_ids)
+    net, record = train_eagle(target, corpus, kept_ids, train_seconds, hidden, lr, seed=seed, log=log,
+                              max_steps=max_steps)
+    meta = dict(target=target.name, sequences=corpus.num_sequences, answer_tokens=corpus.num_answer_tokens,
+                corpus_tokens=len(corpus.tokens), seconds=round(time.perf_counter() - start), lr=lr, seed=seed,
+                **record)
+    path = save_eagle(out, net, meta)
+    log(f"eagle: written to {path} in {time.perf_counter() - start:.0f} s (best held-out alpha {record['best_alpha']:.3f})")
+    return path
