@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..drafters import ModelDrafter, PromptLookupDrafter, SuffixDrafter
+from ..drafters import LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter, SuffixDrafter
 from ..models.base import capabilities
 from .report import markdown, plot_speedups, plot_timeline
 from .runner import Method, run_record
@@ -28,10 +28,11 @@ class Suite:
 
 
 def plan_suite(target, backend: str, gammas, draft_model=None, draft_spec: str | None = None,
-               ngram: str | None = None, suffix: bool = False, anchors: bool = True, anchor_lookup_tokens: int = 10,
+               ngram: str | None = None, suffix: bool = False, eagle: str | None = None, anchors: bool = True, anchor_lookup_tokens: int = 10,
                load_anchor: Callable[[str], object] | None = None) -> Suite:
     """The methods for a target on `backend`: baseline, prompt lookup at each gamma, then suffix
-    drafting (each run on its own), an n-gram file, a draft model (alone and after lookup), and the
+    drafting (each run on its own), an n-gram file, the feature draft (`eagle`: a directory, or ""
+    for the shipped one), a draft model (alone and after lookup), and the
     engines' own generate() as anchors. On
     the native backend the anchors run the same file on transformers and llama.cpp, loaded by
     `load_anchor(backend)`."""
@@ -47,6 +48,13 @@ def plan_suite(target, backend: str, gammas, draft_model=None, draft_spec: str |
         trees = capabilities(target).supports_trees  # trees where the target verifies them, else chains
         drafters["suffix"] = lambda: SuffixDrafter(trees=trees)  # a fresh one a run: no memory of earlier prompts
         methods += [Method("suffix", g) for g in gammas]
+    if eagle is not None:  # "" for the shipped feature draft; loaded once, a fresh drafter (cache) a run
+        from ..drafters.eagle import EagleDrafter
+
+        feature_draft = EagleDrafter.load(target, eagle or None).draft
+        drafters["eagle"] = lambda: EagleDrafter(feature_draft)
+        drafters["lookup+eagle"] = lambda: LookupThenModelDrafter(EagleDrafter(feature_draft))
+        methods += [Method("eagle", g) for g in gammas] + [Method("lookup+eagle", g) for g in gammas]
     suite = Suite(methods, drafters)
     if draft_model is not None:
         drafters["draft"] = lambda: model_drafter(DraftSpec(draft_spec), target, draft_model)

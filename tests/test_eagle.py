@@ -1,0 +1,219 @@
+"""The feature draft (EAGLE): the target's kept features, the draft on the native kernels against its
+PyTorch network, exact output through the decode loop (greedy identity, whole-sequence chi-square at
+temperature > 0, with a broken verifier caught), the draft cache after rejections, training, and
+the CLI. On a tiny random Llama (Q8_0) and a draft trained on it here."""
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+from conftest import run_cli
+
+from specdecode import SamplingParams, autoregressive_decode, speculative_decode
+from specdecode.bench.random_model import quantize, write_llama
+from specdecode.drafters.eagle import EagleDrafter, FeatureDraft, head_rows
+from specdecode.drafters.spec import DraftSpec
+from specdecode.lossless import accept_everything, chi2_pvalue
+from specdecode.models.eagle import EagleConfig, EagleNet, load_eagle, save_eagle
+
+pytest.importorskip("llama_cpp")
+
+from specdecode.distill.eagle import choose_kept, generate_features, train_eagle  # noqa: E402
+from specdecode.models.native import load_native  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """(target, its feature corpus, a draft trained on it, the draft's file)."""
+    root = tmp_path_factory.mktemp("eagle")
+    target = load_native(quantize(write_llama(root / "tiny.gguf"), "Q8_0"))
+    if target.layer_pointers is None:
+        pytest.skip("the C kernels do not run this target's layers here")
+    corpus = generate_features(target, 60, concurrent=8, max_new_tokens=48, seed=0, log=lambda m: None,
+                               max_sequences=24)
+    kept = choose_kept(corpus, 512, target.eos_token_ids)
+    net, record = train_eagle(target, corpus, kept, 120, hidden=256, lr=3e-3, window=64, max_steps=60,
+                              evaluations=1, held_out=0.1, log=lambda m: None)
+    path = save_eagle(root / "draft", net, record)
+    return target, corpus, net, path, record
+
+
+def prompts(corpus, n=3):
+    return [corpus.tokens[corpus.offsets[i]:corpus.answer_starts[i]].tolist() for i in range(n)]
+
+
+def test_training_raises_agreement_with_the_target(world):
+    """The learning curve starts at chance and the kept draft agrees with the target's argmax more."""
+    curve = world[4]["curve"]
+    assert curve[0]["tokens"] == 0 and curve[-1]["tokens"] > 0
+    assert world[4]["best_alpha"] >= curve[0]["alpha"]
+    assert max(r["greedy"] for r in curve) > curve[0]["greedy"] + 0.05
+
+
+def test_the_cache_keeps_each_positions_final_norm_output(world):
+    """Features read out by the head give the forward's own logits, and positions fed one call at a
+    time hold the same features as one call over them all (then a trim and a refill)."""
+    target = world[0]
+    ids = torch.tensor([prompts(world[1], 1)[0]])
+    T = ids.shape[1]
+    whole = target.new_cache(64)
+    whole.keep_features(target.dim)
+    logits = target.forward(ids, whole, num_logits=T)
+    assert torch.equal(target.head(whole.features[:T]), logits[0])
+    pieces = target.new_cache(64)
+    pieces.keep_features(target.dim)
+    target.forward(ids[:, :T - 3], pieces)
+    target.forward(torch.tensor([[7, 8, 9]]), pieces)
+    pieces.trim(3)
+    for t in range(T - 3, T):
+        target.forward(ids[:, t:t + 1], pieces)
+    assert torch.equal(pieces.features[:T], whole.features[:T])
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_the_native_draft_computes_the_torch_network(world, bits):
+    """FeatureDraft (4- or 8-bit weights, 8-bit activations, C layers) against EagleNet in float32 on
+    the same inputs: the predicted features agree in direction, and the head's argmax mostly."""
+    target, corpus, net = world[:3]
+    ids = torch.tensor(prompts(corpus, 1)[0])
+    cache = target.new_cache(64)
+    cache.keep_features(target.dim)
+    target.forward(ids[None], cache)
+    T = len(ids) - 1
+    features = cache.features[:T]  # f_0 .. f_{T-1}, paired with x_1 .. x_T
+    draft = FeatureDraft(net, target, bits=bits)
+    dcache = draft.new_cache(64)
+    native = torch.cat([draft.step(ids[t + 1:t + 2], features[t:t + 1], dcache)[0] for t in range(T)])
+    with torch.no_grad():
+        embeds = target.embedding(ids[1:]).float()[None]
+        reference = net(embeds, features[None], target.cos[:T].float(), target.sin[:T].float(),
+                        target.attention_scale)[0]
+    cosine = torch.nn.functional.cosine_similarity(native, reference, dim=-1)
+    assert cosine.min() > (0.99 if bits == 8 else 0.95), cosine
+    agree = draft.head(native).argmax(-1) == (reference @ head_rows(target, draft.kept_ids).T).argmax(-1)
+    assert agree.float().mean() >= (0.9 if bits == 8 else 0.75)
+
+
+def test_greedy_output_is_plain_decoding_and_drafts_are_accepted(world):
+    target, corpus, net = world[:3]
+    accepted = 0
+    for prompt in prompts(corpus, 4):
+        plain = [t for s in autoregressive_decode(target, prompt, params=GREEDY, max_new_tokens=40) for t in s.tokens]
+        steps = list(speculative_decode(target, EagleDrafter(FeatureDraft(net, target)), prompt, gamma=4,
+                                        params=GREEDY, max_new_tokens=40))
+        assert [t for s in steps for t in s.tokens] == plain
+        accepted += sum(s.num_accepted for s in steps)
+    assert accepted > 0
+
+
+def test_the_draft_cache_after_rejections_equals_one_pass_over_the_kept_pairs(world):
+    """Speculative rows are dropped and the real features replace them: after a decoding with
+    rejections the draft cache's keys and values are those of one pass over the real pairs."""
+    target, corpus, net = world[:3]
+    drafter = EagleDrafter(FeatureDraft(net, target))
+    prompt = prompts(corpus, 1)[0]
+    steps = list(speculative_decode(target, drafter, prompt, gamma=3, params=GREEDY, max_new_tokens=40))
+    assert any(s.rejected for s in steps) and any(s.num_accepted for s in steps)
+    drafter.propose(prompt + [t for s in steps for t in s.tokens], 2)  # feeds the last iteration's pairs
+    fed, context = drafter.fed, prompt + [t for s in steps for t in s.tokens]
+    fresh = drafter.draft.new_cache(drafter.cache.positions)
+    drafter.draft.step(torch.tensor(context[1:fed + 1]), drafter.target_cache.features[:fed], fresh)
+    assert torch.equal(drafter.cache.k[:, :, :fed], fresh.k[:, :, :fed])
+    assert torch.equal(drafter.cache.v[:, :, :fed], fresh.v[:, :, :fed])
+
+
+def _samples(target, drafter_for, prompt, params, length, samples, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [tuple(t for s in speculative_decode(target, drafter_for(), prompt, gamma=3, params=params,
+                                                max_new_tokens=length, generator=gen, eos_token_ids=[])
+                  for t in s.tokens) for _ in range(samples)]
+
+
+def _exact(target, prompt, params, length):
+    """The target's probability of every continuation of `prompt` of `length` tokens."""
+    dist = {}
+
+    def walk(seq, mass):
+        if len(seq) == length:
+            dist[seq] = mass
+            return
+        logits = target.forward(torch.tensor([prompt + list(seq)]), target.new_cache(64), num_logits=1)[0, -1]
+        for token, p in enumerate(params.probs(logits[None])[0].tolist()):
+            if p > 0:
+                walk(seq + (token,), mass * p)
+
+    walk((), 1.0)
+    return dist
+
+
+@pytest.mark.statistical
+def test_sampled_output_matches_the_target_over_whole_sequences_and_a_broken_verifier_is_caught(world):
+    """Top-k 3 at temperature 1 (27 sequences of 3 tokens): speculative samples through the feature
+    draft against the target's exact distribution; the same test with a verifier that accepts every
+    draft token fails."""
+    target, corpus, net = world[:3]
+    params, prompt, length = SamplingParams(temperature=1.0, top_k=3), prompts(corpus, 1)[0], 3
+    draft = FeatureDraft(net, target)
+    exact = _exact(target, prompt, params, length)
+    samples = _samples(target, lambda: EagleDrafter(draft), prompt, params, length, 1500)
+    assert chi2_pvalue(samples, exact) > 1e-3
+    with accept_everything():
+        broken = _samples(target, lambda: EagleDrafter(draft), prompt, params, length, 1500, seed=1)
+    assert chi2_pvalue(broken, exact) < 1e-6
+    assert len(Counter(samples)) > 3
+
+
+def test_a_feature_draft_refuses_what_it_cannot_follow(world, tmp_path):
+    target, net = world[0], world[2]
+    drafter = EagleDrafter(FeatureDraft(net, target))
+    cache = target.new_cache(32)
+    target.forward(torch.tensor([[1, 2, 3]]), cache)
+    with pytest.raises(ValueError, match="first position"):
+        drafter.follow(cache)
+    other = EagleNet(EagleConfig(64, 2, 2, 32, 128, 1e-5, 16, "another"))
+    with pytest.raises(ValueError, match="trained for another"):
+        FeatureDraft(other, target)
+    with pytest.raises(FileNotFoundError, match="distill --eagle"):
+        load_eagle(tmp_path)
+    with pytest.raises(ValueError, match="eagle: needs"):
+        DraftSpec("eagle:")
+
+
+def test_the_cli_trains_a_feature_draft_and_generates_with_it(world, capsys, tmp_path):
+    target_file = world[0].name
+    root = world[3].parent
+    out = tmp_path / "cli-draft"
+    code, out_text, err = run_cli(capsys, "distill", "--eagle", "--target", str(root / target_file), "--out", str(out),
+                                  "--data-minutes", "0.2", "--train-minutes", "0.1", "--data-batches", "6",
+                                  "--train-steps", "3", "--kept", "256", "--answer-tokens", "24")
+    assert code == 0, err
+    assert "eagle: written to" in out_text and load_eagle(out)[0].config.kept == 256
+    code, out_text, err = run_cli(capsys, "generate", "--target", str(root / target_file), "--backend", "native",
+                                  "--draft", f"eagle:{out}", "--max-new-tokens", "16", "--json", "--gamma", "3",
+                                  "--compare", "Hello")
+    assert code == 0, err
+    assert json.loads(out_text)["compare"]["identical"] is True
+
+
+def test_batched_requests_with_a_reused_prefix_give_plain_decoding(world):
+    """Through the batch engine (the server's): requests that share a prompt prefix reuse its keys,
+    values and features, and each gives its own plain greedy output."""
+    from specdecode.batch import Batch
+
+    target, corpus, net = world[:3]
+    draft = FeatureDraft(net, target)
+    first = prompts(corpus, 1)[0]
+    asked = [first, first + [11, 12], prompts(corpus, 2)[1]]
+    batch = Batch(target, max_batch=1)  # one after another: the second reuses the first's prompt
+    requests = [batch.submit(p, EagleDrafter(draft), gamma=3, params=GREEDY, max_new_tokens=24) for p in asked]
+    got = {r.id: [] for r in requests}
+    for request, piece in batch.run():
+        got[request.id] += piece.step.tokens
+    for r, p in zip(requests, asked):
+        plain = [t for s in autoregressive_decode(target, p, params=GREEDY, max_new_tokens=24) for t in s.tokens]
+        assert got[r.id] == plain
+    if target.row_invariant_prompts:
+        assert batch.prefixes.reused_tokens > 0
