@@ -127,13 +127,15 @@ def generate_features(target, seconds: float, concurrent: int = 16, max_new_toke
         else:
             done.append(seq.finish())
 
-    def more() -> bool:
-        return time.perf_counter() - start < seconds and (max_sequences is None or begun < max_sequences)
+    def time_left() -> bool:
+        return time.perf_counter() - start < seconds
 
     while True:
-        while len(active) < concurrent and more():
+        while len(active) < concurrent and time_left() and (max_sequences is None or begun < max_sequences):
             begin()
-        if not active or not more():  # the budget is spent: the answers begun are kept as far as they got
+        if not active:
+            break
+        if not time_left():  # the budget is spent: the answers begun are kept as far as they got
             done += [s.finish() for s in active]
             break
         calls = [ForwardCall(torch.tensor([[s.tokens[-1]]]), s.cache, num_logits=1) for s in active]
@@ -327,5 +329,6 @@ def distill_eagle(target, out: str | Path, corpus_path: str | Path, data_seconds
                 corpus_tokens=len(corpus.tokens), seconds=round(time.perf_counter() - start), lr=lr, seed=seed,
                 **record)
     path = save_eagle(out, net, meta)
-    log(f"eagle: written to {path} in {time.perf_counter() - start:.0f} s (best held-out alpha {record['best_alpha']:.3f})")
+    log(f"eagle: written to {path} in {time.perf_counter() - start:.0f} s (best held-out alpha "
+        f"{record['best_alpha']:.3f})")
     return path

@@ -70,9 +70,10 @@ class FeatureDraft(NativeLlama):
 
     BITS = (4, 8)
 
-    def __init__(self, net: EagleNet, target: NativeLlama, bits: int = 4) -> None:  # noqa: super().__init__ reads a file
+    def __init__(self, net: EagleNet, target: NativeLlama, bits: int = 4) -> None:
         """`bits`: the weights' (the layer's, fc's and the cut head's) groups, Q4_1 or Q8_0 as llama.cpp
-        writes them; either with 8-bit activations."""
+        writes them; either with 8-bit activations. (NativeLlama's own __init__ reads a model file: this
+        one sets the same attributes from the network and the target.)"""
         if bits not in self.BITS:
             raise ValueError(f"a feature draft runs on 4- or 8-bit weights, not {bits}")
         c = net.config
@@ -84,24 +85,28 @@ class FeatureDraft(NativeLlama):
         if ours != theirs:
             raise ValueError(f"this feature draft was trained for {c.target or 'another model'} (dim, heads, kv "
                              f"heads, head size {ours}), not {target.name} {theirs}")
-        self.target, self.name, self.n_threads, self.device = target, f"eagle({target.name})", target.n_threads, target.device
-        self.layers, self.heads, self.kv_heads, self.dim, self.head_dim, self.eps = 1, c.heads, c.kv_heads, c.dim, c.head_dim, c.eps
+        self.target, self.name = target, f"eagle({target.name})"
+        self.n_threads, self.device = target.n_threads, target.device
+        self.layers, self.heads, self.kv_heads = 1, c.heads, c.kv_heads
+        self.dim, self.head_dim, self.eps = c.dim, c.head_dim, c.eps
         self.max_positions, self.windows, self.attention_scale = target.max_positions, [0], target.attention_scale
         self.embed_scale, self.gelu, self.softcap = 1.0, False, 0.0
         self.compute_dtype, self.kernels, self.dtype = torch.float32, target.kernels, f"w{bits}a8"
         self.tokenizer, self.vocab, self.eos_token_ids = target.tokenizer, target.vocab, target.eos_token_ids
-        if bits == 8:
-            product = lambda w: Q8Linear.from_groups(q8_groups(w), self.kernels, int8_activations=True)  # noqa: E731
-        else:
-            product = lambda w: Int4Linear.from_groups(q4_groups(w), torch.float32, self.kernels,  # noqa: E731
-                                                  int8_activations=True)
         self.bits = bits
+
+        def product(weight: torch.Tensor) -> Int4Linear | Q8Linear:
+            if bits == 8:
+                return Q8Linear.from_groups(q8_groups(weight), self.kernels, int8_activations=True)
+            return Int4Linear.from_groups(q4_groups(weight), torch.float32, self.kernels, int8_activations=True)
+
         with torch.no_grad():
             self.fc, self.fc_bias = product(net.fc.weight), net.fc.bias.detach().float().clone()
             self.blocks = [dict(attn_norm=net.attn_norm.detach().float().clone(),
                                 mlp_norm=net.mlp_norm.detach().float().clone(), qkv_bias=None, q_norm=None,
-                                k_norm=None, post_attn_norm=None, post_mlp_norm=None, qkv=product(net.qkv.weight),
-                                o=product(net.o.weight), gate_up=product(net.gate_up.weight), down=product(net.down.weight))]
+                                k_norm=None, post_attn_norm=None, post_mlp_norm=None,
+                                qkv=product(net.qkv.weight), o=product(net.o.weight),
+                                gate_up=product(net.gate_up.weight), down=product(net.down.weight))]
             self.norm = net.norm.detach().float().clone()
             self.kept_ids = net.kept_ids.clone()  # [N] target ids
             if int(self.kept_ids.max()) >= target.vocab_size:
@@ -109,6 +114,10 @@ class FeatureDraft(NativeLlama):
                                  f"{target.name}'s vocabulary of {target.vocab_size}")
             self.head = product(head_rows(target, self.kept_ids))
         self.embedding = target.embedding
+        # the kept tokens' embeddings as float32 rows [N, D] (19 MB for SmolLM2's 8192 x 576): a drafted
+        # token is always one of them, and a row of this table costs a few microseconds against ~60 for
+        # a lookup in the target's 8-bit table
+        self.kept_embeddings = target.embedding(self.kept_ids).float().contiguous()
         self.vocab_size = len(self.kept_ids)
         self.cos, self.sin, self.cos_swa, self.sin_swa = target.cos, target.sin, None, None
         self.layer_pointers = self._layer_pointers()
@@ -116,10 +125,13 @@ class FeatureDraft(NativeLlama):
             raise ValueError("the C kernels do not run this feature draft's layer")
         self.row_invariant_prompts, self.prefill_products, self.owns_cores = True, None, False
 
-    def step(self, ids: torch.Tensor, features: torch.Tensor, cache: NativeCache) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids [T] (x_{t+1}), features [T, D] (f_t) appended to `cache` -> the last row's predicted
-        features [1, D] and its logits over the kept tokens [1, N]."""
-        x = self.fc(torch.cat([self.embedding(ids), features], dim=-1)) + self.fc_bias  # [T, D]
+    def step(self, ids: torch.Tensor, features: torch.Tensor, cache: NativeCache,
+             kept: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids [T] (x_{t+1}: target ids, or with `kept` indices into kept_ids), features [T, D] (f_t)
+        appended to `cache` -> the last row's predicted features [1, D] and its logits over the kept
+        tokens [1, N]."""
+        embeds = self.kept_embeddings.index_select(0, ids) if kept else self.embedding(ids)
+        x = self.fc(torch.cat([embeds, features], dim=-1)) + self.fc_bias  # [T, D]
         h = self._layers(None, [_Segment(cache, ids.shape[0])], inputs=x)
         f = self.kernels.rms_norm(h[-1:], self.norm, self.eps)
         return f, self.head(f)
@@ -136,8 +148,15 @@ class EagleDrafter(BaseDrafter):
     its argmax (a point mass, deterministic); else sampled from q, its kept tokens' adjusted
     distribution (zero elsewhere)."""
 
-    def __init__(self, draft: FeatureDraft) -> None:
+    def __init__(self, draft: FeatureDraft, trees: bool = False, width: int = 2, min_reach: float = 0.1) -> None:
+        """`trees`: greedy drafts are the chain with `width` runners-up a depth (`_tree`), where the
+        target verifies trees; the chain stops once its reach (the product of the draft's q along it)
+        falls below `min_reach`. Otherwise, and when sampling, chains of the length the gamma policy
+        plans. Chains are the default: a tree's depth is drafted before the policy sizes it, and where
+        verifying more rows costs much (T(8)/T(1) 2.7 on an AVX2 CPU) the policy cuts most of what was
+        drafted (benchmarks/results/spec_bench_eagle/)."""
         self.draft = draft
+        self.proposes_trees, self.width, self.min_reach = trees, width, min_reach
         self.vocab = draft.vocab
         self.target_cache: NativeCache | None = None
         self.cache: NativeCache | None = None
@@ -176,18 +195,26 @@ class EagleDrafter(BaseDrafter):
             raise RuntimeError(f"the target cache holds {n} positions for a context of {len(context)}, and the "
                                f"draft has seen {self.fed}")
         if self.cache is None:
-            self.cache = self.draft.new_cache(min(self.draft.max_positions, len(context) + 4096))
+            self.cache = self.draft.new_cache()
         self.cache.trim(len(self.cache) - self.fed)  # the last proposal's speculative rows
-        if n + gamma > self.cache.positions:
-            gamma = self.cache.positions - n
+        gamma = min(gamma, self.cache.positions - n)
         ids = torch.tensor(context[self.fed + 1 : n + 1])
         f, logits = self.draft.step(ids, target.features[self.fed : n], self.cache)
         self.fed = n
         kept, greedy = self.draft.kept_ids, self.params.is_greedy
-        tokens, probs = [], []
+        tree = greedy and self.proposes_trees
+        tokens, probs, rows, chain_index, reach = [], [], [], [], 1.0
         for i in range(gamma):
             if greedy:
-                x = kept[logits[0].argmax()].view(1)
+                if tree:  # q over the kept tokens, for the nodes' reach (the runners-up after the loop)
+                    rows.append(torch.softmax(logits[0], -1))
+                    top, index = rows[-1].max(0)
+                    reach *= float(top)
+                else:
+                    index = logits[0].max(0).indices
+                index = index.view(1)
+                chain_index.append(index)
+                x = kept[index]
             else:
                 full = torch.full((1, self.draft.target.vocab_size), float("-inf"))
                 full[0, kept] = logits[0]
@@ -195,8 +222,43 @@ class EagleDrafter(BaseDrafter):
                 x = sample(q, self.generator)
                 probs.append(q)
             tokens.append(x)
+            if tree and reach < self.min_reach:  # deeper nodes are unlikely to be reached: stop drafting
+                break
             if i + 1 < gamma:  # the last token is fed only if it is accepted (as a real pair, next time)
-                f, logits = self.draft.step(x, f, self.cache)
+                if greedy:
+                    f, logits = self.draft.step(index, f, self.cache, kept=True)
+                else:
+                    f, logits = self.draft.step(x, f, self.cache)
         if not tokens:
             return Draft(torch.empty(1, 0, dtype=torch.long), None if greedy else torch.empty(1, 0, 0))
+        if tree:  # [depth, 1 + width]: the chain's token, then the runners-up (never the chain's again)
+            q = torch.stack(rows)
+            chain = torch.cat(chain_index)[:, None]
+            chain_q = q.gather(1, chain)
+            rest = q.scatter(1, chain, -1.0).topk(self.width)
+            return self._tree(kept[torch.cat([chain, rest.indices], 1)], torch.cat([chain_q, rest.values], 1), gamma)
         return Draft(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
+
+    def _tree(self, ids: torch.Tensor, q: torch.Tensor, budget: int) -> Draft:
+        """The greedy chain with its runners-up at each depth as leaves (EAGLE-2's idea, on the one
+        chain the draft computed): ids, q [depth, 1 + width] (the chain's token first at each depth);
+        each node's reach is its path's product of the draft's q; the `budget` likeliest nodes, best
+        first (a parent always before its children)."""
+        nodes = []  # (reach, depth, rank at its depth, token): rank 0 is the chain's node
+        parent_reach = 1.0
+        for depth, (row_ids, row_q) in enumerate(zip(ids.tolist(), q.tolist())):
+            for rank, (token, p) in enumerate(zip(row_ids, row_q)):
+                nodes.append((parent_reach * p, depth, rank, token))
+            parent_reach *= row_q[0]
+        # best first; a child's reach is at most its parent's, and a tie goes to the shallower node, so
+        # every prefix of the order holds each node's parent
+        nodes.sort(key=lambda node: (-node[0], node[1], node[2]))
+        index = {}  # chain depth -> node index
+        tokens, parents, reach = [], [], []
+        for node_reach, depth, rank, token in nodes[:budget]:
+            if rank == 0:
+                index[depth] = len(tokens)
+            tokens.append(token)
+            parents.append(index[depth - 1] if depth else -1)
+            reach.append(node_reach)
+        return Draft(torch.tensor([tokens], dtype=torch.long), parents=parents, reach=reach)

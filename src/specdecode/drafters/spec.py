@@ -132,6 +132,8 @@ class DraftSpec:
         path = self.spec
         for prefix in (HYBRID, TEXT):
             path = path[len(prefix):] if path.startswith(prefix) else path
+        if path == EAGLE or path.startswith(EAGLE + ":"):  # lookup+eagle: no draft model to load
+            return None
         if path == TRAINED:
             from ..models.default import trained_draft_path
 
