@@ -32,8 +32,8 @@ def world(tmp_path_factory):
     target = load_native(quantize(write_llama(root / "tiny.gguf"), "Q8_0"))
     if target.layer_pointers is None:
         pytest.skip("the C kernels do not run this target's layers here")
-    corpus = generate_features(target, 60, concurrent=8, max_new_tokens=48, seed=0, log=lambda m: None,
-                               max_sequences=24)
+    corpus = generate_features(target, 60, concurrent=8, max_new_tokens=32, seed=0, log=lambda m: None,
+                               max_sequences=16)
     kept = choose_kept(corpus, 512, target.eos_token_ids)
     net, record = train_eagle(target, corpus, kept, 120, hidden=256, lr=3e-3, window=64, max_steps=60,
                               evaluations=1, held_out=0.1, log=lambda m: None)
@@ -45,6 +45,7 @@ def prompts(corpus, n=3):
     return [corpus.tokens[corpus.offsets[i]:corpus.answer_starts[i]].tolist() for i in range(n)]
 
 
+@pytest.mark.slow
 def test_training_raises_agreement_with_the_target(world):
     """The learning curve starts at chance and the kept draft agrees with the target's argmax more."""
     curve = world[4]["curve"]
@@ -53,6 +54,7 @@ def test_training_raises_agreement_with_the_target(world):
     assert max(r["greedy"] for r in curve) > curve[0]["greedy"] + 0.05
 
 
+@pytest.mark.slow
 def test_the_cache_keeps_each_positions_final_norm_output(world):
     """Features read out by the head give the forward's own logits, and positions fed one call at a
     time hold the same features as one call over them all (then a trim and a refill)."""
@@ -73,6 +75,7 @@ def test_the_cache_keeps_each_positions_final_norm_output(world):
     assert torch.equal(pieces.features[:T], whole.features[:T])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bits", [8, 4])
 def test_the_native_draft_computes_the_torch_network(world, bits):
     """FeatureDraft (4- or 8-bit weights, 8-bit activations, C layers) against EagleNet in float32 on
@@ -97,18 +100,25 @@ def test_the_native_draft_computes_the_torch_network(world, bits):
     assert agree.float().mean() >= (0.9 if bits == 8 else 0.75)
 
 
-def test_greedy_output_is_plain_decoding_and_drafts_are_accepted(world):
+@pytest.mark.slow
+@pytest.mark.parametrize("trees", [False, True])
+def test_greedy_output_is_plain_decoding_and_drafts_are_accepted(world, trees):
+    """Chains, or the chain with its runners-up as leaves (verified as a tree), at a fixed gamma and
+    with the adaptive policy sizing the tree."""
     target, corpus, net = world[:3]
-    accepted = 0
-    for prompt in prompts(corpus, 4):
+    draft = FeatureDraft(net, target)
+    accepted, shapes = 0, set()
+    for prompt, gamma in zip(prompts(corpus, 4), [4, 4, "auto", "auto"]):
         plain = [t for s in autoregressive_decode(target, prompt, params=GREEDY, max_new_tokens=40) for t in s.tokens]
-        steps = list(speculative_decode(target, EagleDrafter(FeatureDraft(net, target)), prompt, gamma=4,
-                                        params=GREEDY, max_new_tokens=40))
+        steps = list(speculative_decode(target, EagleDrafter(draft, trees=trees, min_reach=0.01), prompt,
+                                        gamma=gamma, params=GREEDY, max_new_tokens=40))
         assert [t for s in steps for t in s.tokens] == plain
         accepted += sum(s.num_accepted for s in steps)
-    assert accepted > 0
+        shapes |= {s.tree for s in steps if s.proposed}
+    assert accepted > 0 and shapes == {trees}
 
 
+@pytest.mark.slow
 def test_the_draft_cache_after_rejections_equals_one_pass_over_the_kept_pairs(world):
     """Speculative rows are dropped and the real features replace them: after a decoding with
     rejections the draft cache's keys and values are those of one pass over the real pairs."""
@@ -166,7 +176,21 @@ def test_sampled_output_matches_the_target_over_whole_sequences_and_a_broken_ver
     assert len(Counter(samples)) > 3
 
 
-def test_a_feature_draft_refuses_what_it_cannot_follow(world, tmp_path):
+def test_a_saved_feature_draft_loads_as_it_was_and_bad_specs_are_refused(tmp_path):
+    net = EagleNet(EagleConfig(64, 2, 2, 32, 128, 1e-5, 16, "tiny"))
+    net.kept_ids.copy_(torch.arange(16) * 3)
+    loaded, meta = load_eagle(save_eagle(tmp_path / "d", net, {"note": 1}))
+    assert loaded.config == net.config and meta == {"note": 1} and torch.equal(loaded.kept_ids, net.kept_ids)
+    assert torch.equal(loaded.fc.weight, net.fc.weight.half().float())
+    with pytest.raises(FileNotFoundError, match="distill --eagle"):
+        load_eagle(tmp_path / "nothing")
+    with pytest.raises(ValueError, match="eagle: needs"):
+        DraftSpec("eagle:")
+    assert DraftSpec("eagle").is_eagle and DraftSpec("lookup+eagle:x").model_path is None  # nothing to load
+
+
+@pytest.mark.slow
+def test_a_feature_draft_refuses_what_it_cannot_follow(world):
     target, net = world[0], world[2]
     drafter = EagleDrafter(FeatureDraft(net, target))
     cache = target.new_cache(32)
@@ -176,12 +200,11 @@ def test_a_feature_draft_refuses_what_it_cannot_follow(world, tmp_path):
     other = EagleNet(EagleConfig(64, 2, 2, 32, 128, 1e-5, 16, "another"))
     with pytest.raises(ValueError, match="trained for another"):
         FeatureDraft(other, target)
-    with pytest.raises(FileNotFoundError, match="distill --eagle"):
-        load_eagle(tmp_path)
-    with pytest.raises(ValueError, match="eagle: needs"):
-        DraftSpec("eagle:")
+    with pytest.raises(ValueError, match="4- or 8-bit"):
+        FeatureDraft(net, target, bits=6)
 
 
+@pytest.mark.slow
 def test_the_cli_trains_a_feature_draft_and_generates_with_it(world, capsys, tmp_path):
     target_file = world[0].name
     root = world[3].parent
@@ -198,6 +221,7 @@ def test_the_cli_trains_a_feature_draft_and_generates_with_it(world, capsys, tmp
     assert json.loads(out_text)["compare"]["identical"] is True
 
 
+@pytest.mark.slow
 def test_batched_requests_with_a_reused_prefix_give_plain_decoding(world):
     """Through the batch engine (the server's): requests that share a prompt prefix reuse its keys,
     values and features, and each gives its own plain greedy output."""
