@@ -187,8 +187,8 @@ def _windows(corpus: FeatureCorpus, sequences: list[int], window: int) -> list[t
 class _Batches:
     """Windows as padded tensors: embeddings of x_{t+1}, f_t, f_{t+1}, positions, mask."""
 
-    def __init__(self, target, corpus: FeatureCorpus, window: int) -> None:
-        self.target, self.corpus, self.window = target, corpus, window
+    def __init__(self, target, corpus: FeatureCorpus) -> None:
+        self.target, self.corpus = target, corpus
         self.seq_start = np.repeat(corpus.offsets[:-1], np.diff(corpus.offsets))  # token -> its sequence's start
 
     @torch.no_grad()
@@ -214,7 +214,7 @@ def _losses(net: EagleNet, head: torch.Tensor, batch, scale: float, steps: int =
     with torch.no_grad():
         p = torch.softmax(nxt[mask] @ head.T, -1)  # [M, N]: the target's distribution over the kept tokens
     total, inputs = 0.0, feats
-    for step in range(steps):
+    for _ in range(steps):
         pred = net(embeds, inputs, cos, sin, scale)  # [B, W, D]
         reg = F.smooth_l1_loss(pred[mask], nxt[mask])
         cls = -(p * torch.log_softmax(pred[mask] @ head.T, -1)).sum(-1).mean()
@@ -227,7 +227,7 @@ def _losses(net: EagleNet, head: torch.Tensor, batch, scale: float, steps: int =
 def evaluate(net: EagleNet, target, corpus: FeatureCorpus, windows, full_head: torch.Tensor, kept: torch.Tensor,
              window_batch: int = 16) -> dict:
     """First-step greedy agreement and alpha at temperature 1 over the target's whole vocabulary, on `windows`."""
-    batches, agree, alpha, n = _Batches(target, corpus, 0), 0.0, 0.0, 0
+    batches, agree, alpha, n = _Batches(target, corpus), 0.0, 0.0, 0
     net.eval()
     for i in range(0, len(windows), window_batch):
         embeds, feats, nxt, cos, sin, mask = batches.make(windows[i : i + window_batch])
@@ -260,7 +260,7 @@ def train_eagle(target, corpus: FeatureCorpus, kept: torch.Tensor, seconds: floa
     full_head = head_rows(target, torch.arange(target.vocab_size))  # [V, D]
     head = full_head[kept]  # [N, D]
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.0)
-    batches = _Batches(target, corpus, window)
+    batches = _Batches(target, corpus)
     pairs = sum(n for _, n in train)
     log(f"eagle: {sum(p.numel() for p in net.parameters()) / 1e6:.1f}M parameters; {pairs} training pairs in "
         f"{len(train)} windows, {sum(n for _, n in held)} held out; {len(kept)} kept tokens")
