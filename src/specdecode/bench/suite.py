@@ -28,8 +28,8 @@ class Suite:
 
 
 def plan_suite(target, backend: str, gammas, draft_model=None, draft_spec: str | None = None,
-               ngram: str | None = None, suffix: bool = False, eagle: str | None = None, anchors: bool = True, anchor_lookup_tokens: int = 10,
-               load_anchor: Callable[[str], object] | None = None) -> Suite:
+               ngram: str | None = None, suffix: bool = False, eagle: str | None = None, anchors: bool = True,
+               anchor_lookup_tokens: int = 10, load_anchor: Callable[[str], object] | None = None) -> Suite:
     """The methods for a target on `backend`: baseline, prompt lookup at each gamma, then suffix
     drafting (each run on its own), an n-gram file, the feature draft (`eagle`: a directory, or ""
     for the shipped one), a draft model (alone and after lookup), and the

@@ -49,7 +49,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                              args.threads) if args.draft else None
     hf_dtype = "float32" if args.dtype == "float32" else "bfloat16"  # transformers has no 4-bit path here
     suite = plan_suite(target, backend, args.gamma, draft, args.draft[0] if args.draft else None, args.ngram,
-                       suffix=args.suffix, eagle=args.eagle, anchors=not args.no_anchors, anchor_lookup_tokens=args.anchor_lookup_tokens,
+                       suffix=args.suffix, eagle=args.eagle, anchors=not args.no_anchors,
+                       anchor_lookup_tokens=args.anchor_lookup_tokens,
                        load_anchor=lambda name: load_model(args.target or None, name,
                                                            hf_dtype if name == "hf" else args.dtype, args.device,
                                                            args.threads))

@@ -224,16 +224,17 @@ def _losses(net: EagleNet, head: torch.Tensor, batch, scale: float, steps: int =
 
 
 @torch.no_grad()
-def evaluate(net: EagleNet, target, corpus: FeatureCorpus, windows, full_head: torch.Tensor, kept: torch.Tensor,
-             window_batch: int = 16) -> dict:
-    """First-step greedy agreement and alpha at temperature 1 over the target's whole vocabulary, on `windows`."""
+def evaluate(net: EagleNet, target, corpus: FeatureCorpus, windows, full_head: torch.Tensor, head: torch.Tensor,
+             kept: torch.Tensor, window_batch: int = 16) -> dict:
+    """First-step greedy agreement and alpha at temperature 1 over the target's whole vocabulary, on `windows`
+    (full_head [V, D]; head [N, D], its rows `kept`)."""
     batches, agree, alpha, n = _Batches(target, corpus), 0.0, 0.0, 0
     net.eval()
     for i in range(0, len(windows), window_batch):
         embeds, feats, nxt, cos, sin, mask = batches.make(windows[i : i + window_batch])
         pred = net(embeds, feats, cos, sin, target.attention_scale)[mask]
         p = torch.softmax(nxt[mask] @ full_head.T, -1)  # [M, V]
-        q_kept = torch.softmax(pred @ full_head[kept].T, -1)  # [M, N]
+        q_kept = torch.softmax(pred @ head.T, -1)  # [M, N]
         agree += float((kept[q_kept.argmax(-1)] == p.argmax(-1)).sum())
         alpha += float(torch.minimum(p[:, kept], q_kept).sum())
         n += int(mask.sum())
@@ -274,7 +275,7 @@ def train_eagle(target, corpus: FeatureCorpus, kept: torch.Tensor, seconds: floa
         finished = elapsed >= seconds or step >= total_steps
         if held and (finished or elapsed >= next_eval):
             record = dict(step=step, tokens=seen, seconds=round(elapsed), **evaluate(net, target, corpus, held,
-                                                                                     full_head, kept))
+                                                                                     full_head, head, kept))
             curve.append(record)
             log(f"eagle: step {step}, {seen} training tokens, {elapsed:.0f} s: held-out greedy agreement "
                 f"{record['greedy']:.3f}, alpha {record['alpha']:.3f}")

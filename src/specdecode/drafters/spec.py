@@ -45,6 +45,10 @@ ENTRY_POINTS = "specdecode.drafters"
 _USER = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")  # module:Name (or module:Class.method)
 
 
+def _names_eagle(spec: str) -> bool:
+    return spec == EAGLE or spec.startswith(EAGLE + ":")
+
+
 def _registered(name: str):
     """The entry point a package registered under `name` in the `specdecode.drafters` group, or None."""
     return next((ep for ep in entry_points(group=ENTRY_POINTS) if ep.name == name), None)
@@ -113,7 +117,7 @@ class DraftSpec:
     @property
     def is_eagle(self) -> bool:
         """The feature draft (shipped, or eagle:PATH)."""
-        return self.spec == EAGLE or self.spec.startswith(EAGLE + ":")
+        return _names_eagle(self.spec)
 
     @property
     def is_user(self) -> bool:
@@ -127,12 +131,12 @@ class DraftSpec:
     @property
     def model_path(self) -> str | None:
         """The draft model this spec loads, or None for a drafter without one."""
-        if self.spec in (LOOKUP, SUFFIX) or self.spec.startswith(NGRAM) or self.is_user or self.is_eagle:
+        if self.spec in (LOOKUP, SUFFIX) or self.spec.startswith(NGRAM) or self.is_user:
             return None
         path = self.spec
         for prefix in (HYBRID, TEXT):
             path = path[len(prefix):] if path.startswith(prefix) else path
-        if path == EAGLE or path.startswith(EAGLE + ":"):  # lookup+eagle: no draft model to load
+        if _names_eagle(path):  # eagle, lookup+eagle: no draft model to load
             return None
         if path == TRAINED:
             from ..models.default import trained_draft_path

@@ -26,6 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .native.kernels import TorchKernels, rotate_half
+
+rms_norm = TorchKernels.rms_norm  # the native backend's reference RMSNorm
+
 FILE = "eagle.safetensors"
 
 
@@ -42,15 +46,6 @@ class EagleConfig:
     eps: float
     kept: int
     target: str = ""
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class EagleNet(nn.Module):
@@ -84,7 +79,7 @@ class EagleNet(nn.Module):
         v = v.view(B, T, c.kv_heads, c.head_dim).transpose(1, 2)
         if cos.dim() == 3:  # [B, T, hd]: each row's own positions
             cos, sin = cos[:, None], sin[:, None]
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         group = c.heads // c.kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)  # [B, H, T, hd]

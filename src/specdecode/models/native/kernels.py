@@ -31,7 +31,7 @@ from .plan import KernelPlan, kernel_plan
 LANES, MAX_HEAD_DIM = 16, 256  # as in csrc/kernels.h
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
@@ -87,9 +87,9 @@ class TorchKernels:
         q, key, value = qkv.split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, hd]
         q, key = q.view(T, H, hd), key.view(T, Hkv, hd)
-        keys[:, p0 : p0 + T] = (key * cos + _rotate_half(key) * sin).transpose(0, 1)
+        keys[:, p0 : p0 + T] = (key * cos + rotate_half(key) * sin).transpose(0, 1)
         values[:, p0 : p0 + T] = value.view(T, Hkv, hd).transpose(0, 1)
-        return q * cos + _rotate_half(q) * sin
+        return q * cos + rotate_half(q) * sin
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, p0: int,
                parents: torch.Tensor | None = None, window: int = 0) -> torch.Tensor:
