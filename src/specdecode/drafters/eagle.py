@@ -53,14 +53,11 @@ def q4_groups(weight: torch.Tensor) -> Groups4:
 
 
 def head_rows(target: NativeLlama, ids: torch.Tensor) -> torch.Tensor:
-    """Rows `ids` of the target's LM head, float32 [len(ids), D]."""
-    if isinstance(target.head, Q8Linear):
-        return target.head.rows(ids)
-    weight = getattr(target.head, "weight", None)
-    if weight is None:
+    """Rows `ids` of the target's LM head, float32 [len(ids), D] (an 8-bit or float32 head's)."""
+    if not hasattr(target.head, "rows"):
         raise ValueError(f"a feature draft reads {target.name}'s LM head rows, and its {type(target.head).__name__} "
-                         "head does not give them")
-    return weight[ids].float()
+                         "head does not give them (an 8-bit or float32 head does)")
+    return target.head.rows(ids)
 
 
 class FeatureDraft(NativeLlama):

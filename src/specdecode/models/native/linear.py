@@ -69,6 +69,10 @@ class F32Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out] float32
         return self.kernels.f32_matmul(x, self.w)
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of W (float32 [len(ids), in]), read back from the kernel's layout (as `Q8Linear.rows`)."""
+        return self.w[ids // 16, :, ids % 16]
+
 
 def dense(weight: torch.Tensor, dtype: torch.dtype, kernels) -> Linear | F32Linear:
     """The row-invariant product of a float weight [out, in] in the activation dtype: oneDNN's bf16
