@@ -6,8 +6,11 @@ import pytest
 import torch
 
 from specdecode import ModelDrafter, PromptLookupDrafter, SamplingParams, autoregressive_decode, speculative_decode
+from specdecode.decode import Decoding
+from specdecode.drafters import BaseDrafter, Draft
 from specdecode.formulas import optimal_gamma
 from specdecode.gamma import AdaptiveGamma
+from specdecode.models.base import forward_batch
 from stats import chi2_pvalue
 from toy import SimulatedClock, ToyModel, sequence_distribution
 
@@ -189,3 +192,48 @@ def test_fresh_keeps_the_cost_model_and_resets_the_estimates():
                  "shadow_budget"):
         assert getattr(fresh, name) == getattr(template, name)
     assert [fresh.verify_cost(k) for k in range(1, 6)] == [template.verify_cost(k) for k in range(1, 6)]
+
+
+class TwoSources(BaseDrafter):
+    """Names its source by the context's parity: after an even length it proposes the target's own
+    greedy continuation (`expected`), after an odd one a wrong token; each drafted token costs a
+    fifth of a target step on the simulated clock."""
+
+    def __init__(self, prompt, expected, vocab_size, clock):
+        self.prompt, self.expected, self.vocab_size, self.clock = len(prompt), expected, vocab_size, clock
+
+    def source(self, context):
+        return "right" if len(context) % 2 == 0 else "wrong"
+
+    def propose(self, context, gamma):
+        done = len(context) - self.prompt
+        tokens = self.expected[done : done + gamma]
+        if self.source(context) == "wrong":
+            tokens = [(t + 1) % self.vocab_size for t in tokens]
+        self.clock.advance(0.0004 * len(tokens))
+        return Draft(torch.tensor([tokens], dtype=torch.long))
+
+
+def test_a_drafter_with_two_sources_gets_a_policy_for_each():
+    """Each source's acceptance is learnt apart: the one that is always right drafts long, the one
+    that is always wrong is switched off, and the output is plain greedy decoding."""
+    clock = SimulatedClock()
+    target = ToyModel(6, seed=11, delay=0.002, clock=clock)
+    greedy = SamplingParams(temperature=0)
+    prompt = [1, 2, 3]
+    expected = [t for s in autoregressive_decode(target, prompt, params=greedy, max_new_tokens=60) for t in s.tokens]
+    curve = [0.0, 1.0, 1.1, 1.2, 1.3, 1.4]  # each row a tenth of a step
+    decoding = Decoding(target, TwoSources(prompt, expected, 6, clock), prompt, gamma=AdaptiveGamma(curve, max_gamma=4),
+                        params=greedy, max_new_tokens=60, clock=clock)
+    out, proposed = [], {"right": [], "wrong": []}
+    while not decoding.finished:
+        call = decoding.prepare()
+        source = decoding.drafter.source(decoding.context)
+        step = decoding.complete(forward_batch(target, [call])[0])
+        out += step.tokens
+        if len(out) > len(step.tokens):  # not the prefill
+            proposed[source].append(len(step.proposed))
+    assert out == expected
+    right, wrong = decoding.policies["right"], decoding.policies["wrong"]
+    assert right.alpha > 0.8 and wrong.alpha < 0.3
+    assert max(proposed["right"]) == 4 and 4 * sum(proposed["wrong"]) < sum(proposed["right"])

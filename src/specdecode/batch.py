@@ -226,7 +226,7 @@ class Batch:
         prompt_rows = sum(c.tokens.shape[1] for c in calls)
         gammas: list[int | None] = [None] * len(decoding)
         if len(decoding) > 1 or (decoding and prompt_rows):  # alone, a request plans as outside a batch
-            policies = [r.decoding.policy for r in decoding]
+            policies = [r.decoding.plan_policy() for r in decoding]
             auto = next((p for p in policies if isinstance(p, AdaptiveGamma)), None)
             if auto is not None:
                 auto.context_length = sum(len(r.decoding.context) for r in decoding) // len(decoding)

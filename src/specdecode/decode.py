@@ -20,7 +20,7 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 import torch
 
 from .drafters.base import Draft, Drafter, check_drafter
-from .gamma import GammaPolicy, as_policy
+from .gamma import AdaptiveGamma, GammaPolicy, as_policy
 from .models.base import ForwardCall, Model, capabilities, check_same_vocab, forward_batch
 from .checks import check_lenience, check_logprobs, check_max_new_tokens, check_prompt_ids
 from .sampling import SamplingParams, draw, make_generator
@@ -174,6 +174,7 @@ class Decoding:
         if drafter.vocab is not None:
             check_same_vocab(target.vocab, drafter.vocab)
         self.policy = as_policy(gamma, target)  # after the cheap checks: "auto" may measure the target first
+        self.policies: dict = {}  # a drafter's source -> its own adaptive policy (`plan_policy`)
         self.trees = capabilities(target).supports_trees
         if not self.trees and drafter.proposes_trees:
             warnings.warn(f"the {getattr(target, 'backend', type(target).__name__)} backend verifies chains only: "
@@ -201,6 +202,21 @@ class Decoding:
         room = self.max_new_tokens - self.emitted - 1
         return min(room, self.limit - len(self.context) - 1) if self.limit else room
 
+    def plan_policy(self) -> GammaPolicy:
+        """The policy that plans the next call. A drafter that switches between sources (prompt
+        lookup, else a model: `drafters.hybrid`) names the one it will use, and each source gets its
+        own adaptive policy, learning that source's alpha and cost apart (a shared one would plan
+        lookup's cheap copies with the model's acceptance, and the model's guesses with lookup's)."""
+        source = getattr(self.drafter, "source", None)
+        if source is not None and isinstance(self.policy, AdaptiveGamma):
+            if not self.policies:
+                self.policies[None] = self.policy  # the template the sources' policies start from
+            key = source(self.context)
+            if key not in self.policies:
+                self.policies[key] = self.policies[None].fresh()
+            self.policy = self.policies[key]
+        return self.policy
+
     def prepare(self, gamma: int | None = None) -> ForwardCall:
         """Steps 1-3: plan, draft, and the target call that scores the draft. `gamma` overrides the
         policy's plan (a batch plans every request's draft length together); None asks the policy."""
@@ -210,8 +226,8 @@ class Decoding:
         #    against the target but not verified, to learn when drafting would pay again. The prefill
         #    goes alone, without a draft: the prompt's cache entries are then computed exactly as plain
         #    decoding computes them (a batch-invariant target gives identical logits).
-        policy, drafter, room = self.policy, self.drafter, self.room
         prefill = self.emitted == 0  # the first call: the prompt (or what a reused prefix left of it)
+        policy, drafter, room = self.policy if prefill else self.plan_policy(), self.drafter, self.room
         policy.context_length = len(self.context)  # verification costs more rows of attention as it grows
         if prefill:
             g, shadow = 0, False

@@ -4,7 +4,9 @@ Prompt lookup is free and nearly always right inside a long repeat (a summary qu
 an answer quoting retrieved text); a draft model guesses everywhere but costs a forward per token.
 Each call uses one of them: lookup when the context's last `min_match`+ tokens occurred earlier,
 the model otherwise. Verification sees each proposal with its own q (a point mass for lookup), so
-the output distribution is still exactly the target's.
+the output distribution is still exactly the target's. `source` tells the decode loop which of
+the two the next call will use, so an adaptive gamma policy learns each one's acceptance and cost
+apart and plans each call for the drafter that makes it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ class LookupThenModelDrafter(BaseDrafter):
         self.lookup.reset(params, generator)
         self.model.reset(params, generator)
         self._last = None
+
+    def source(self, context: Sequence[int]) -> str:
+        """Which drafter proposes after `context`: "lookup" where it finds a match, else "model"."""
+        return "lookup" if self.lookup.propose(context, 1).gamma else "model"
 
     def propose(self, context: Sequence[int], gamma: int) -> Draft:
         draft = self.lookup.propose(context, gamma)
