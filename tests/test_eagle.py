@@ -6,6 +6,7 @@ the CLI. On a tiny random Llama (Q8_0) and a draft trained on it here."""
 import json
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 from conftest import run_cli
@@ -19,7 +20,7 @@ from specdecode.models.eagle import EagleConfig, EagleNet, load_eagle, save_eagl
 
 pytest.importorskip("llama_cpp")
 
-from specdecode.distill.eagle import choose_kept, generate_features, train_eagle  # noqa: E402
+from specdecode.distill.eagle import FeatureCorpus, _batches, choose_kept, generate_features, train_eagle  # noqa: E402
 from specdecode.models.native import load_native  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0)
@@ -120,6 +121,25 @@ def test_greedy_output_is_plain_decoding_and_drafts_are_accepted(world, trees):
 
 
 @pytest.mark.slow
+def test_a_cut_head_and_a_late_start_keep_greedy_output_plain(world):
+    """A head cut to the most frequent tokens reads out the same logits for them; a draft starting
+    from the prompt's last pairs only still gives plain output, and its cache holds only those."""
+    target, corpus, net = world[:3]
+    whole, cut = FeatureDraft(net, target, head_tokens=None), FeatureDraft(net, target, head_tokens=64)
+    assert torch.equal(cut.kept_ids, net.kept_ids[:64]) and len(whole.kept_ids) == net.config.kept
+    f = torch.randn(1, target.dim)
+    assert torch.equal(cut.head(f), whole.head(f)[:, :64])
+    prompt = prompts(corpus, 1)[0]
+    assert len(prompt) > 6
+    plain = [t for s in autoregressive_decode(target, prompt, params=GREEDY, max_new_tokens=24) for t in s.tokens]
+    drafter = EagleDrafter(cut, context=4)
+    steps = speculative_decode(target, drafter, prompt, gamma=3, params=GREEDY, max_new_tokens=24)
+    first = [next(steps), next(steps)]  # the prefill, then the first proposal
+    assert drafter.start == len(prompt) - 4 and len(drafter.cache) <= 4 + 3
+    assert [t for s in first + list(steps) for t in s.tokens] == plain
+
+
+@pytest.mark.slow
 def test_the_draft_cache_after_rejections_equals_one_pass_over_the_kept_pairs(world):
     """Speculative rows are dropped and the real features replace them: after a decoding with
     rejections the draft cache's keys and values are those of one pass over the real pairs."""
@@ -190,6 +210,32 @@ def test_a_saved_feature_draft_loads_as_it_was_and_bad_specs_are_refused(tmp_pat
     assert DraftSpec("eagle").is_eagle and DraftSpec("lookup+eagle:x").model_path is None  # nothing to load
 
 
+def test_training_packs_windows_by_length_and_corpora_join():
+    """Every window is in one batch a epoch, no batch's padded size passes the budget, and sorting
+    by length keeps the padding small; joined corpora keep each sequence whole; the kept tokens come
+    most frequent first, end-of-turn tokens before all."""
+    rng = np.random.default_rng(0)
+    windows = [(300 * i, int(n)) for i, n in enumerate(rng.integers(1, 257, 500))]
+    batches = _batches(windows, 1024, rng)
+    assert sorted(w for b in batches for w in b) == sorted(windows)
+    padded = [len(b) * max(n for _, n in b) for b in batches]
+    assert max(padded) <= 1024 and sum(padded) < 1.2 * sum(n for _, n in windows)
+
+    def corpus(tokens, starts):
+        offsets = np.cumsum([0] + [len(t) for t in tokens])
+        flat = np.concatenate(tokens).astype(np.int32)
+        return FeatureCorpus(flat, offsets, offsets[:-1] + np.array(starts),
+                             np.arange(len(flat) * 2, dtype=np.float16).reshape(-1, 2))
+
+    a, b = corpus([[1, 2, 3], [4, 5, 5, 5]], [1, 1]), corpus([[6, 7, 5, 7], [8, 9]], [1, 1])
+    joined = FeatureCorpus.concat([a, b])
+    assert joined.num_sequences == 4 and joined.num_answer_tokens == a.num_answer_tokens + b.num_answer_tokens
+    assert joined.tokens[joined.offsets[2]:joined.offsets[3]].tolist() == [6, 7, 5, 7]
+    assert joined.answer_starts[2] == 7 + 1 and torch.equal(torch.from_numpy(joined.features[7:]),
+                                                            torch.from_numpy(b.features))
+    assert choose_kept(joined, 3, always=[9]).tolist() == [9, 5, 7]
+
+
 @pytest.mark.slow
 def test_a_feature_draft_refuses_what_it_cannot_follow(world):
     target, net = world[0], world[2]
@@ -203,6 +249,10 @@ def test_a_feature_draft_refuses_what_it_cannot_follow(world):
         FeatureDraft(other, target)
     with pytest.raises(ValueError, match="4- or 8-bit"):
         FeatureDraft(net, target, bits=6)
+    with pytest.raises(ValueError, match="at least one token"):
+        FeatureDraft(net, target, head_tokens=0)
+    with pytest.raises(ValueError, match="at least one pair"):
+        EagleDrafter(FeatureDraft(net, target), context=0)
 
 
 @pytest.mark.slow
@@ -215,6 +265,18 @@ def test_the_cli_trains_a_feature_draft_and_generates_with_it(world, capsys, tmp
                                   "--train-steps", "3", "--kept", "256", "--answer-tokens", "24")
     assert code == 0, err
     assert "eagle: written to" in out_text and load_eagle(out)[0].config.kept == 256
+    more = tmp_path / "cli-draft-more"  # trained on from the first, on a new corpus and the first's
+    code, out_text, err = run_cli(capsys, "distill", "--eagle", "--target", str(root / target_file), "--out",
+                                  str(more), "--init", str(out), "--also", f"{out}.features.npz", "--kept", "128",
+                                  "--data-minutes", "0.2", "--train-minutes", "0.1", "--data-batches", "6",
+                                  "--train-steps", "3", "--answer-tokens", "24", "--seed", "1")
+    assert code == 0, err
+    resumed, meta = load_eagle(more)
+    assert torch.equal(resumed.kept_ids, load_eagle(out)[0].kept_ids[:128]) and meta["init"] == str(out)
+    assert meta["sequences"] == 12
+    code, _, err = run_cli(capsys, "distill", "--target", str(root / target_file), "--out", str(tmp_path / "x"),
+                           "--init", str(out))
+    assert code != 0 and "need --eagle" in err
     code, out_text, err = run_cli(capsys, "generate", "--target", str(root / target_file), "--backend", "native",
                                   "--draft", f"eagle:{out}", "--max-new-tokens", "16", "--json", "--gamma", "3",
                                   "--compare", "Hello")

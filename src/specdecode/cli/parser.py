@@ -234,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--mlp-dim", type=int, default=None, help="MLP width (default 768; with --eagle the target's)")
     dist.add_argument("--embed-dim", type=int, default=128, help="factorised input embedding size (default 128)")
     dist.add_argument("--kept", type=int, default=None,
-                      help="output vocabulary: the most used tokens (default 12288; with --eagle 8192)")
+                      help="output vocabulary: the most used tokens (default 12288; with --eagle 2048)")
     dist.add_argument("--window", type=int, default=1024, help="attention window in tokens (default 1024)")
     dist.add_argument("--lr", type=float, default=None, help="learning rate (default 2e-3; with --eagle 1e-3)")
     dist.add_argument("--eagle", action="store_true",
@@ -242,6 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "target's own features, drafted with --draft eagle:OUT; --layers, --dim, --heads, "
                            "--embed-dim, --window and --gen-batch do not apply (its shapes are the target's; "
                            "--mlp-dim sets its MLP's width, default the target's)")
+    dist.add_argument("--init", default=None, metavar="DIR",
+                      help="with --eagle: go on training the feature draft in DIR (its shapes and most used "
+                           "tokens are kept; --kept may cut them)")
+    dist.add_argument("--also", nargs="+", default=[], metavar="CORPUS",
+                      help="with --eagle: more feature corpora (.features.npz) to train on beside --corpus")
     dist.add_argument("--batch-tokens", type=int, default=8192, help="tokens per training batch (default 8192)")
     dist.add_argument("--gen-batch", type=int, default=32, help="prompts per generation batch (default 32)")
     dist.add_argument("--answer-tokens", type=int, default=256, help="longest answer generated (default 256)")

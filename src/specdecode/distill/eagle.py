@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -28,9 +29,9 @@ import torch.nn.functional as F
 
 from ..drafters.eagle import head_rows
 from ..models.base import ForwardCall
-from ..models.eagle import EagleConfig, EagleNet, save_eagle
+from ..models.eagle import EagleConfig, EagleNet, load_eagle, save_eagle
 from ..text import encode_prompt
-from .prompts import passage_prompts, seed_prompts
+from .prompts import TRANSLATED, passage_prompts, seed_prompts
 
 
 @dataclass
@@ -60,6 +61,17 @@ class FeatureCorpus:
         return path
 
     @classmethod
+    def concat(cls, corpora: list[FeatureCorpus]) -> FeatureCorpus:
+        """The sequences of every corpus, in order, as one."""
+        if len(corpora) == 1:
+            return corpora[0]
+        shifts = np.cumsum([0] + [len(c.tokens) for c in corpora[:-1]])
+        offsets = [corpora[0].offsets[:1]] + [c.offsets[1:] + s for c, s in zip(corpora, shifts)]
+        return cls(np.concatenate([c.tokens for c in corpora]), np.concatenate(offsets),
+                   np.concatenate([c.answer_starts + s for c, s in zip(corpora, shifts)]),
+                   np.concatenate([c.features for c in corpora]))
+
+    @classmethod
     def load(cls, path: str | Path) -> FeatureCorpus:
         path = Path(path)
         if not path.is_file():
@@ -74,8 +86,9 @@ class FeatureCorpus:
 class _Sequence:
     """One answer being generated, in its own cache."""
 
-    def __init__(self, target, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> None:
-        self.prompt, self.tokens, self.temperature = prompt, list(prompt), temperature
+    def __init__(self, target, text: str, max_new_tokens: int, temperature: float, seed: int) -> None:
+        prompt = encode_prompt(target.tokenizer, text)
+        self.text, self.prompt, self.tokens, self.temperature = text, prompt, list(prompt), temperature
         self.cache = target.new_cache(min(target.max_positions, len(prompt) + max_new_tokens + 1))
         self.cache.keep_features(target.dim)
         self.generator = torch.Generator().manual_seed(seed)
@@ -119,7 +132,7 @@ def generate_features(target, seconds: float, concurrent: int = 16, max_new_toke
             prompt = passage_prompts(passages, 1, seed + begun)[0]
         else:
             prompt = next(seeds)[1]
-        seq = _Sequence(target, encode_prompt(target.tokenizer, prompt), max_new_tokens, float(begun % 2), seed + begun)
+        seq = _Sequence(target, prompt, max_new_tokens, float(begun % 2), seed + begun)
         begun += 1
         logits = target.forward(torch.tensor([seq.prompt]), seq.cache, num_logits=1)[0, -1]
         if seq.next_token(logits, eos):
@@ -146,7 +159,10 @@ def generate_features(target, seconds: float, concurrent: int = 16, max_new_toke
                 continue
             done.append(s.finish())
             text = target.tokenizer.decode(s.tokens[len(s.prompt):], skip_special_tokens=True).strip()
-            if len(text.split()) >= 40:
+            translated = TRANSLATED.match(s.text)
+            if translated and len(text.split()) >= 5:  # to be translated back
+                passages.append((f"foreign:{translated.group(1)}", text))
+            elif not translated and len(text.split()) >= 40:
                 passages.append(("answer", text))
         active = still
     total = sum(len(s.tokens) - len(s.prompt) for s in done)
@@ -165,12 +181,13 @@ def generate_features(target, seconds: float, concurrent: int = 16, max_new_toke
 
 
 def choose_kept(corpus: FeatureCorpus, size: int, always=()) -> torch.Tensor:
-    """The `size` most frequent tokens of the answers, plus `always` (end-of-turn tokens), sorted."""
+    """The `size` most frequent tokens of the answers, `always` (end-of-turn tokens) first, then by
+    falling frequency: any prefix is the draft's head cut to fewer tokens (`FeatureDraft`'s
+    `head_tokens`)."""
     answers = np.concatenate([corpus.tokens[a:b] for a, b in zip(corpus.answer_starts, corpus.offsets[1:])])
     counts = np.bincount(answers, minlength=int(corpus.tokens.max()) + 1).astype(np.float64)
     counts[[t for t in always if t < len(counts)]] = np.inf
-    order = np.argsort(-counts, kind="stable")[:size]
-    return torch.from_numpy(np.sort(order)).long()
+    return torch.from_numpy(np.argsort(-counts, kind="stable")[:size]).long()
 
 
 def _windows(corpus: FeatureCorpus, sequences: list[int], window: int) -> list[tuple[int, int]]:
@@ -182,6 +199,25 @@ def _windows(corpus: FeatureCorpus, sequences: list[int], window: int) -> list[t
         for s in range(a, b - 2, window):
             out.append((s, min(window, b - 2 - s)))
     return out
+
+
+def _batches(windows: list[tuple[int, int]], budget: int, rng: np.random.Generator,
+             pool: int = 64) -> list[list[tuple[int, int]]]:
+    """An epoch's batches: the windows shuffled, then, a pool of `pool` batches' worth at a time,
+    sorted by length and packed while the padded size (windows x the longest) stays within `budget`
+    positions, so short windows are not padded to long ones; the batches in random order."""
+    order = [windows[i] for i in rng.permutation(len(windows))]
+    per_pool = max(1, pool * budget // max(1, max(n for _, n in windows)))
+    out: list[list[tuple[int, int]]] = []
+    for i in range(0, len(order), per_pool):
+        batch: list[tuple[int, int]] = []
+        for w in sorted(order[i : i + per_pool], key=lambda w: w[1]):
+            if batch and (len(batch) + 1) * w[1] > budget:
+                out.append(batch)
+                batch = []
+            batch.append(w)
+        out.append(batch)
+    return [out[i] for i in rng.permutation(len(out))]
 
 
 class _Batches:
@@ -244,8 +280,11 @@ def evaluate(net: EagleNet, target, corpus: FeatureCorpus, windows, full_head: t
 
 def train_eagle(target, corpus: FeatureCorpus, kept: torch.Tensor, seconds: float, hidden: int | None = None,
                 lr: float = 1e-3, window: int = 256, window_batch: int = 16, seed: int = 0, log=print,
-                max_steps: int | None = None, evaluations: int = 8, held_out: float = 0.03) -> tuple[EagleNet, dict]:
-    """The feature draft trained on `corpus` for `seconds` (or `max_steps`), module docstring steps 2-3."""
+                max_steps: int | None = None, evaluations: int = 8, held_out: float = 0.03,
+                init: EagleNet | None = None) -> tuple[EagleNet, dict]:
+    """The feature draft trained on `corpus` for `seconds` (or `max_steps`), module docstring steps 2-3.
+    A batch holds up to `window_batch` x `window` positions, padding included. `init`: a draft to go on
+    training (its shapes and kept tokens are taken; `hidden` and `kept` are not)."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     order = rng.permutation(corpus.num_sequences).tolist()
@@ -253,11 +292,13 @@ def train_eagle(target, corpus: FeatureCorpus, kept: torch.Tensor, seconds: floa
     held, train = _windows(corpus, order[:n_held], window), _windows(corpus, order[n_held:], window)
     if not train:
         raise ValueError("the feature corpus has no sequence long enough to train on")
-    hidden = hidden or target.blocks[0]["gate_up"].out_features // 2
-    config = EagleConfig(target.dim, target.heads, target.kv_heads, target.head_dim, hidden, target.eps, len(kept),
-                         target.name)
-    net = EagleNet(config)
-    net.kept_ids.copy_(kept)
+    if init is not None:
+        net, kept = init.train(), init.kept_ids
+    else:
+        hidden = hidden or target.blocks[0]["gate_up"].out_features // 2
+        net = EagleNet(EagleConfig(target.dim, target.heads, target.kv_heads, target.head_dim, hidden, target.eps,
+                                   len(kept), target.name))
+        net.kept_ids.copy_(kept)
     full_head = head_rows(target, torch.arange(target.vocab_size))  # [V, D]
     head = full_head[kept]  # [N, D]
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.0)
@@ -267,7 +308,7 @@ def train_eagle(target, corpus: FeatureCorpus, kept: torch.Tensor, seconds: floa
         f"{len(train)} windows, {sum(n for _, n in held)} held out; {len(kept)} kept tokens")
     start, step, seen, curve = time.perf_counter(), 0, 0, []
     best, best_state = -1.0, None
-    epoch_steps = math.ceil(len(train) / window_batch)
+    budget, epoch = window_batch * window, []
     total_steps = max_steps or 10**9
     next_eval = 0.0
     while True:
@@ -284,9 +325,9 @@ def train_eagle(target, corpus: FeatureCorpus, kept: torch.Tensor, seconds: floa
             next_eval = elapsed + seconds / evaluations
         if finished:
             break
-        if step % epoch_steps == 0:
-            rng.shuffle(train)
-        chunk = train[(step % epoch_steps) * window_batch : (step % epoch_steps + 1) * window_batch]
+        if not epoch:
+            epoch = _batches(train, budget, rng)
+        chunk = epoch.pop()
         # cosine decay over the time budget, after a short warm-up
         frac = min(1.0, elapsed / seconds if max_steps is None else step / max_steps)
         for g in opt.param_groups:
@@ -306,30 +347,63 @@ def train_eagle(target, corpus: FeatureCorpus, kept: torch.Tensor, seconds: floa
 
 
 def distill_eagle(target, out: str | Path, corpus_path: str | Path, data_seconds: float, train_seconds: float,
-                  kept: int = 8192, hidden: int | None = None, lr: float = 1e-3, seed: int = 0, log=print,
+                  kept: int = 2048, hidden: int | None = None, lr: float = 1e-3, seed: int = 0, log=print,
                   concurrent: int = 16, max_new_tokens: int = 256, max_sequences: int | None = None,
-                  max_steps: int | None = None) -> Path:
-    """Generate (or reuse, where `corpus_path` exists) the feature corpus, train, save to `out`."""
+                  max_steps: int | None = None, init: str | Path | None = None,
+                  also: Sequence[str | Path] = ()) -> Path:
+    """Generate (or reuse, where `corpus_path` exists) the feature corpus, train on it and the corpora
+    `also`, starting from the draft at `init` if given (its first `kept` tokens kept), save to `out`."""
     start = time.perf_counter()
     corpus_path = Path(corpus_path)
+    if init is not None:
+        net = _resumable(load_eagle(init)[0], target, kept)
+        log(f"eagle: going on from the draft at {init} ({net.config.kept} kept tokens)")
+    more = [_load_corpus(path, target) for path in also]
     if corpus_path.is_file():
-        corpus = FeatureCorpus.load(corpus_path)
-        if corpus.features.shape[1] != target.dim:
-            raise ValueError(f"the feature corpus {corpus_path} holds {corpus.features.shape[1]}-wide features, "
-                             f"not {target.name}'s {target.dim}: it was made for another model")
+        corpus = _load_corpus(corpus_path, target)
         log(f"reusing the feature corpus {corpus_path} ({corpus.num_sequences} sequences); delete it to generate "
             "a new one")
     else:
         corpus = generate_features(target, data_seconds, concurrent, max_new_tokens, seed, log, max_sequences)
         corpus.save(corpus_path)
         log(f"feature corpus written to {corpus_path}")
-    kept_ids = choose_kept(corpus, min(kept, target.vocab_size), always=target.eos_token_ids)
+    corpus = FeatureCorpus.concat([corpus, *more])
+    kept_ids = None if init is not None else choose_kept(corpus, min(kept, target.vocab_size),
+                                                         always=target.eos_token_ids)
     net, record = train_eagle(target, corpus, kept_ids, train_seconds, hidden, lr, seed=seed, log=log,
-                              max_steps=max_steps)
+                              max_steps=max_steps, init=net if init is not None else None)
     meta = dict(target=target.name, sequences=corpus.num_sequences, answer_tokens=corpus.num_answer_tokens,
                 corpus_tokens=len(corpus.tokens), seconds=round(time.perf_counter() - start), lr=lr, seed=seed,
-                **record)
+                init=None if init is None else str(init), **record)
     path = save_eagle(out, net, meta)
     log(f"eagle: written to {path} in {time.perf_counter() - start:.0f} s (best held-out alpha "
         f"{record['best_alpha']:.3f})")
     return path
+
+
+def _load_corpus(path: str | Path, target) -> FeatureCorpus:
+    corpus = FeatureCorpus.load(path)
+    if corpus.features.shape[1] != target.dim:
+        raise ValueError(f"the feature corpus {path} holds {corpus.features.shape[1]}-wide features, not "
+                         f"{target.name}'s {target.dim}: it was made for another model")
+    return corpus
+
+
+def _resumable(net: EagleNet, target, kept: int) -> EagleNet:
+    """A saved draft checked against `target`, its head cut to its first (most frequent) `kept` tokens."""
+    c = net.config
+    ours, theirs = (c.dim, c.heads, c.kv_heads, c.head_dim), (target.dim, target.heads, target.kv_heads,
+                                                              target.head_dim)
+    if ours != theirs:
+        raise ValueError(f"the draft to go on from was trained for {c.target or 'another model'} (dim, heads, kv "
+                         f"heads, head size {ours}), not {target.name} {theirs}")
+    if int(net.kept_ids.max()) >= target.vocab_size:
+        raise ValueError(f"the draft to go on from names token {int(net.kept_ids.max())}, past {target.name}'s "
+                         f"vocabulary of {target.vocab_size}")
+    if kept >= c.kept:
+        return net
+    cut = EagleNet(replace(c, kept=kept))
+    state = net.state_dict()
+    state["kept_ids"] = state["kept_ids"][:kept]
+    cut.load_state_dict(state)
+    return cut

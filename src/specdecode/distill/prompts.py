@@ -1,14 +1,16 @@
 """Training prompts built from templates, never from an evaluation set.
 
-Two stages: `seed_prompts` asks for articles, stories, code, explanations and arithmetic; the
-target's answers then become the passages of `passage_prompts` (summarise, answer from a text,
-translate a sentence of it, rewrite it), which teach the copying that summarisation and
-retrieval-augmented answers are made of.
+Two stages: `seed_prompts` asks for articles, stories, code, explanations, role play, arithmetic
+and reasoning; the target's answers then become the passages of `passage_prompts` (summarise,
+answer from a text, extract from it, translate a sentence of it, rewrite it), which teach the
+copying that summarisation and retrieval-augmented answers are made of. Its translations become
+passages in their own language, to be translated back.
 """
 
 from __future__ import annotations
 
 import random
+import re
 
 TOPICS = [
     "the ocean tides", "volcanoes", "a city park", "baking bread", "the moon landing", "chess openings", "rivers",
@@ -36,6 +38,17 @@ QUESTIONS = [
     "What are the advantages and disadvantages of {t}?", "How does {t} work?", "Why is {t} important?",
     "Give me some tips about {t}.", "What is the history of {t}?", "Compare {t} with {u}.",
     "What would happen if there were no {t}?", "Answer briefly: what is the most important thing about {t}?",
+    "Who first studied {t}?", "When did people start to use {t}?", "Where can you find {t}?",
+    "Please explain the differences between {t} and {u}, and give a real-world example of each.",
+    "Explain what {t} is and list five specific examples of how it affects daily life.",
+]
+ROLES = ["a tour guide", "a doctor", "a teacher", "a software engineer", "a chef", "a detective", "a historian",
+         "a travel agent", "a personal trainer", "a customer support agent", "a poet", "a scientist"]
+ROLEPLAY = [
+    "Now you are {r}. Explain {t} to a customer in simple words.",
+    "Pretend to be {r}. Someone asks you: what do you think about {t}?",
+    "Act as {r} and give advice to a beginner who wants to learn about {t}.",
+    "You are {r}. Write a short speech about {t}.",
 ]
 CODE = [
     "reverses a string", "checks whether a number is prime", "returns the n-th Fibonacci number",
@@ -59,7 +72,14 @@ PASSAGE_TASKS = [
     "Translate the following sentence into {l}: {s}",
     "Correct the grammar of this text and return it:\n{p}",
     "Write a title for this text and then summarize it.\n\n{p}",
+    "Summarize: {p}",
+    "{p}\n\nAnswer the question based on the text above: what is it mostly about?",
+    "Please read the paragraph below and list every number and name it mentions.\n{p}",
+    "Extract the main facts from the text below as a bulleted list.\n\n{p}",
 ]
+TRANSLATED = re.compile(r"Translate the following sentence into (\w+): ")  # its answer: a passage in that language
+# prompts that quote an earlier answer written in another language (`{l}`): translated back
+FOREIGN_TASKS = ["Translate {l} to English: {p}", "Translate the following {l} text into English.\n\n{p}"]
 
 
 def _math_problem(rng: random.Random) -> str:
@@ -73,6 +93,12 @@ def _math_problem(rng: random.Random) -> str:
         f"What is {a} times {b} plus {c}? Show your work.",
         f"Solve for x: {c}x + {a} = {c * b + a}.",
         f"A train travels at {a} km/h for {c} hours. How far does it go?",
+        f"x + y = {a}, x - y = {b % a if b % a else 1}. What are x and y?",
+        f"A farmer has {c} cows and each gives {a % 9 + 2} liters of milk a day. How many more cows does the "
+        f"farmer need to get {(c + b % 5 + 1) * (a % 9 + 2)} liters a day?",
+        f"Each problem consists of three statements. 1. {item.capitalize()} cost more than pens. "
+        f"2. {item.capitalize()} cost less than bags. 3. Bags cost more than pens. If the first two statements are true, is the third "
+        f"true, false, or uncertain?",
         f"If {name} earns ${a} per hour and works {c} hours a day for {b % 7 + 1} days, how much does {name} earn?",
     ])
 
@@ -85,10 +111,12 @@ def seed_prompts(n: int, seed: int = 0) -> list[tuple[str, str]]:
     for _ in range(n):
         t, u = rng.sample(TOPICS, 2)
         kind = rng.random()
-        if kind < 0.35:
+        if kind < 0.3:
             out.append((t, rng.choice(WRITING).format(t=t)))
-        elif kind < 0.7:
+        elif kind < 0.6:
             out.append((t, rng.choice(QUESTIONS).format(t=t, u=u)))
+        elif kind < 0.7:
+            out.append((t, rng.choice(ROLEPLAY).format(t=t, r=rng.choice(ROLES))))
         elif kind < 0.85:
             out.append(("code", f"Write a {rng.choice(LANGUAGES)} function that {rng.choice(CODE)}."))
         else:
@@ -97,13 +125,17 @@ def seed_prompts(n: int, seed: int = 0) -> list[tuple[str, str]]:
 
 
 def passage_prompts(passages: list[tuple[str, str]], n: int, seed: int = 0) -> list[str]:
-    """n prompts that quote a (topic, passage) pair: summarise, answer from it, translate from it."""
+    """n prompts that quote a (topic, passage) pair: summarise, answer from it, translate from it; a
+    passage whose topic is `foreign:LANGUAGE` (an answer in that language) is translated to English."""
     if not passages:
         return []
     rng = random.Random(seed)
     out = []
     for _ in range(n):
         topic, passage = rng.choice(passages)
+        if topic.startswith("foreign:"):
+            out.append(rng.choice(FOREIGN_TASKS).format(l=topic.split(":", 1)[1], p=passage))
+            continue
         sentences = [s.strip() for s in passage.replace("\n", " ").split(". ") if len(s.split()) >= 4]
         sentence = (rng.choice(sentences) if sentences else passage[:200]).rstrip(".") + "."
         task = rng.choice(PASSAGE_TASKS)

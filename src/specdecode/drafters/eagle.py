@@ -66,13 +66,22 @@ class FeatureDraft(NativeLlama):
     activations), the target's embedding table, RoPE tables and kernels shared, not copied."""
 
     BITS = (4, 8)
+    # The head reads out the draft's most frequent tokens only. On Spec-Bench answers, cutting a
+    # draft trained with 8,192 to 2,048 left its greedy agreement (0.26) and alpha at temperature 1
+    # (0.24) as they were, and takes 2.2 of its 5.6 MB of weights off every step
+    # (benchmarks/results/eagle_agreement.md, eagle_step.md).
+    HEAD_TOKENS = 2048
 
-    def __init__(self, net: EagleNet, target: NativeLlama, bits: int = 4) -> None:
+    def __init__(self, net: EagleNet, target: NativeLlama, bits: int = 4,
+                 head_tokens: int | None = HEAD_TOKENS) -> None:
         """`bits`: the weights' (the layer's, fc's and the cut head's) groups, Q4_1 or Q8_0 as llama.cpp
-        writes them; either with 8-bit activations. (NativeLlama's own __init__ reads a model file: this
-        one sets the same attributes from the network and the target.)"""
+        writes them; either with 8-bit activations. `head_tokens`: the head keeps the network's first
+        (most frequent) that many tokens; None keeps all. (NativeLlama's own __init__ reads a model
+        file: this one sets the same attributes from the network and the target.)"""
         if bits not in self.BITS:
             raise ValueError(f"a feature draft runs on 4- or 8-bit weights, not {bits}")
+        if head_tokens is not None and head_tokens < 1:
+            raise ValueError(f"a feature draft's head needs at least one token, not {head_tokens}")
         c = net.config
         if not isinstance(target, NativeLlama) or target.layer_pointers is None:
             raise ValueError("a feature draft runs on the native backend's C kernels with float32 activations "
@@ -105,7 +114,7 @@ class FeatureDraft(NativeLlama):
                                 qkv=product(net.qkv.weight), o=product(net.o.weight),
                                 gate_up=product(net.gate_up.weight), down=product(net.down.weight))]
             self.norm = net.norm.detach().float().clone()
-            self.kept_ids = net.kept_ids.clone()  # [N] target ids
+            self.kept_ids = net.kept_ids[:head_tokens].clone()  # [N] target ids, most frequent first
             if int(self.kept_ids.max()) >= target.vocab_size:
                 raise ValueError(f"this feature draft's head names token {int(self.kept_ids.max())}, past "
                                  f"{target.name}'s vocabulary of {target.vocab_size}")
@@ -115,6 +124,8 @@ class FeatureDraft(NativeLlama):
         # token is always one of them, and a row of this table costs a few microseconds against ~60 for
         # a lookup in the target's 8-bit table
         self.kept_embeddings = target.embedding(self.kept_ids).float().contiguous()
+        self.kept_index = torch.full((target.vocab_size,), -1, dtype=torch.long)  # target id -> its kept row
+        self.kept_index[self.kept_ids] = torch.arange(len(self.kept_ids))
         self.vocab_size = len(self.kept_ids)
         self.cos, self.sin, self.cos_swa, self.sin_swa = target.cos, target.sin, None, None
         self.layer_pointers = self._layer_pointers()
@@ -127,11 +138,21 @@ class FeatureDraft(NativeLlama):
         """ids [T] (x_{t+1}: target ids, or with `kept` indices into kept_ids), features [T, D] (f_t)
         appended to `cache` -> the last row's predicted features [1, D] and its logits over the kept
         tokens [1, N]."""
-        embeds = self.kept_embeddings.index_select(0, ids) if kept else self.embedding(ids)
+        embeds = self.kept_embeddings.index_select(0, ids) if kept else self._embed(ids)
         x = self.fc(torch.cat([embeds, features], dim=-1)) + self.fc_bias  # [T, D]
         h = self._layers(None, [_Segment(cache, ids.shape[0])], inputs=x)
         f = self.kernels.rms_norm(h[-1:], self.norm, self.eps)
         return f, self.head(f)
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Target ids [T] -> their embeddings [T, D] float32: kept tokens' from the kept table, the rest
+        (rare in answers) from the target's."""
+        rows = self.kept_index[ids]
+        embeds = self.kept_embeddings.index_select(0, rows.clamp_min(0))
+        missed = rows < 0
+        if missed.any():
+            embeds[missed] = self.embedding(ids[missed]).float()
+        return embeds
 
     def __repr__(self) -> str:
         return f"FeatureDraft({self.target.name}, {self.vocab_size} kept tokens, {self.bits}-bit weights)"
@@ -145,19 +166,24 @@ class EagleDrafter(BaseDrafter):
     its argmax (a point mass, deterministic); else sampled from q, its kept tokens' adjusted
     distribution (zero elsewhere)."""
 
-    def __init__(self, draft: FeatureDraft, trees: bool = False, width: int = 2, min_reach: float = 0.1) -> None:
-        """`trees`: greedy drafts are the chain with `width` runners-up a depth (`_tree`), where the
-        target verifies trees; the chain stops once its reach (the product of the draft's q along it)
-        falls below `min_reach`. Otherwise, and when sampling, chains of the length the gamma policy
-        plans. Chains are the default: a tree's depth is drafted before the policy sizes it, and where
+    def __init__(self, draft: FeatureDraft, trees: bool = False, width: int = 2, min_reach: float = 0.1,
+                 context: int = 256) -> None:
+        """`context`: the draft starts from the last that many pairs of the prompt, not all of them (its
+        training windows were no longer; RoPE scores depend on distances only, so its cache may begin
+        there), which keeps a long prompt's first proposal cheap. `trees`: greedy drafts are the
+        chain with `width` runners-up a depth (`_tree`), where the target verifies trees; the chain
+        stops once its reach (the product of the draft's q along it) falls below `min_reach`.
+        Otherwise, and when sampling, chains of the length the gamma policy plans. Chains are the default: a tree's depth is drafted before the policy sizes it, and where
         verifying more rows costs much (T(8)/T(1) 2.7 on an AVX2 CPU) the policy cuts most of what was
         drafted (benchmarks/results/spec_bench_eagle/)."""
         self.draft = draft
-        self.proposes_trees, self.width, self.min_reach = trees, width, min_reach
+        if context < 1:
+            raise ValueError(f"a feature draft needs at least one pair of context, not {context}")
+        self.proposes_trees, self.width, self.min_reach, self.context = trees, width, min_reach, context
         self.vocab = draft.vocab
         self.target_cache: NativeCache | None = None
         self.cache: NativeCache | None = None
-        self.fed = 0  # the real-feature rows the draft cache holds (pairs t = 0 .. fed - 1)
+        self.start = self.fed = 0  # the draft cache holds the real pairs t = start .. fed - 1
 
     @classmethod
     def load(cls, target: NativeLlama, path: str | Path | None = None) -> EagleDrafter:
@@ -181,7 +207,7 @@ class EagleDrafter(BaseDrafter):
 
     def reset(self, params: SamplingParams, generator: torch.Generator | None) -> None:
         self.params, self.generator = params, generator
-        self.cache, self.fed, self.target_cache = None, 0, None
+        self.cache, self.start, self.fed, self.target_cache = None, 0, 0, None
 
     def propose(self, context: Sequence[int], gamma: int) -> Draft:
         target = self.target_cache
@@ -193,8 +219,9 @@ class EagleDrafter(BaseDrafter):
                                f"draft has seen {self.fed}")
         if self.cache is None:
             self.cache = self.draft.new_cache()
-        self.cache.trim(len(self.cache) - self.fed)  # the last proposal's speculative rows
-        gamma = min(gamma, self.cache.positions - n)
+            self.start = self.fed = max(0, n - self.context)
+        self.cache.trim(len(self.cache) - (self.fed - self.start))  # the last proposal's speculative rows
+        gamma = min(gamma, self.cache.positions - (n - self.start))
         ids = torch.tensor(context[self.fed + 1 : n + 1])
         f, logits = self.draft.step(ids, target.features[self.fed : n], self.cache)
         self.fed = n
@@ -212,20 +239,19 @@ class EagleDrafter(BaseDrafter):
                 index = index.view(1)
                 chain_index.append(index)
                 x = kept[index]
-            else:
-                full = torch.full((1, self.draft.target.vocab_size), float("-inf"))
-                full[0, kept] = logits[0]
-                q = self.params.probs(full)  # [1, V]
-                x = sample(q, self.generator)
+            else:  # the adjusted q over the kept tokens (the rest are -inf: temperature, top-k and top-p
+                # come out the same over the kept tokens alone), drawn there, then spread over [1, V]
+                q_kept = self.params.probs(logits)  # [1, N]
+                index = sample(q_kept, self.generator)
+                x = kept[index]
+                q = torch.zeros(1, self.draft.target.vocab_size)
+                q[0, kept] = q_kept[0]
                 probs.append(q)
             tokens.append(x)
             if tree and reach < self.min_reach:  # deeper nodes are unlikely to be reached: stop drafting
                 break
             if i + 1 < gamma:  # the last token is fed only if it is accepted (as a real pair, next time)
-                if greedy:
-                    f, logits = self.draft.step(index, f, self.cache, kept=True)
-                else:
-                    f, logits = self.draft.step(x, f, self.cache)
+                f, logits = self.draft.step(index, f, self.cache, kept=True)
         if not tokens:
             return Draft(torch.empty(1, 0, dtype=torch.long), None if greedy else torch.empty(1, 0, 0))
         if tree:  # [depth, 1 + width]: the chain's token, then the runners-up (never the chain's again)

@@ -63,7 +63,8 @@ class EagleNet(nn.Module):
         self.gate_up = nn.Linear(c.dim, 2 * c.hidden, bias=False)  # gate | up, as the native kernels take it
         self.down = nn.Linear(c.hidden, c.dim, bias=False)
         self.norm = nn.Parameter(torch.ones(c.dim))
-        self.register_buffer("kept_ids", torch.zeros(c.kept, dtype=torch.long))  # the head's tokens, target ids
+        # the head's tokens, target ids, most frequent first (`distill.eagle.choose_kept`)
+        self.register_buffer("kept_ids", torch.zeros(c.kept, dtype=torch.long))
 
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 scale: float) -> torch.Tensor:
