@@ -97,8 +97,8 @@ def _math_problem(rng: random.Random) -> str:
         f"A farmer has {c} cows and each gives {a % 9 + 2} liters of milk a day. How many more cows does the "
         f"farmer need to get {(c + b % 5 + 1) * (a % 9 + 2)} liters a day?",
         f"Each problem consists of three statements. 1. {item.capitalize()} cost more than pens. "
-        f"2. {item.capitalize()} cost less than bags. 3. Bags cost more than pens. If the first two statements are true, is the third "
-        f"true, false, or uncertain?",
+        f"2. {item.capitalize()} cost less than bags. 3. Bags cost more than pens. If the first two "
+        "statements are true, is the third true, false, or uncertain?",
         f"If {name} earns ${a} per hour and works {c} hours a day for {b % 7 + 1} days, how much does {name} earn?",
     ])
 
