@@ -6,7 +6,7 @@ import importlib
 
 import pytest
 
-from specdecode import ModelDrafter, PromptLookupDrafter, SamplingParams, speculative_decode
+from specdecode import LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams, speculative_decode
 from specdecode.batch import Batch, generate_batch
 from specdecode.gamma import AdaptiveGamma, FixedGamma, draft_lengths
 from stats import chi2_pvalue
@@ -277,3 +277,32 @@ def test_a_request_that_fails_the_batched_forward_fails_alone(gamma):
             expected = alone(target, prompt, ModelDrafter(draft), gamma=0 if gamma == "planned" else gamma,
                              params=GREEDY, max_new_tokens=10)
             assert r.finish_reason in ("eos", "length") and r.error is None and r.stats.tokens == expected
+
+
+def test_lookup_then_model_requests_plan_each_source_with_its_own_policy(monkeypatch):
+    """Batched requests whose drafter copies where the context repeats and asks a model elsewhere:
+    the batch plans each with the policy of the source it will draft from, and greedy output is
+    each request's own."""
+    batch_module = importlib.import_module("specdecode.batch")
+    planned = []  # per planning call: was every request's policy the one of the source it drafts from?
+
+    def draft_lengths(policies, rooms, verify_cost, other_rows=0):
+        decodings = [r.decoding for r in batch.active if r.decoding is not None and r.decoding.emitted]
+        planned.append(all(any(p is d.policies.get(d.drafter.source(d.context)) for d in decodings)
+                           for p in policies))
+        return real(policies, rooms, verify_cost, other_rows)
+
+    real = batch_module.draft_lengths
+    monkeypatch.setattr(batch_module, "draft_lengths", draft_lengths)
+    target, draft = toy_pair()
+    prompts = [[1, 2, 3, 1, 2], [0], [2, 1, 2, 1, 3]]
+    expected = [alone(target, p, PromptLookupDrafter(), gamma=0, params=GREEDY, max_new_tokens=14) for p in prompts]
+    batch = Batch(target, max_batch=3)
+    requests = [batch.submit(p, LookupThenModelDrafter(ModelDrafter(draft), min_match=1), gamma=adaptive(0.05),
+                             params=GREEDY, max_new_tokens=14) for p in prompts]
+    sources = set()
+    for _ in iter(lambda: batch.done, True):
+        batch.step()
+        sources |= {key for r in batch.active if r.decoding is not None for key in r.decoding.policies}
+    assert sources == {None, "lookup", "model"} and planned and all(planned)
+    assert [r.stats.tokens for r in requests] == expected
