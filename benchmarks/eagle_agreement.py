@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from specdecode.decode import autoregressive_decode
+from specdecode.distill.eagle import first_step_scores
 from specdecode.drafters.eagle import SHIPPED, head_rows
 from specdecode.models.eagle import load_eagle
 from specdecode.models.load import load_model
@@ -62,14 +63,11 @@ def score(net, target, data, full_head: torch.Tensor, head_tokens: int) -> dict[
         pred = net(embeds, feats[None, :T], target.cos[:T].float(), target.sin[:T].float(),
                    target.attention_scale)[0]
         pred = pred[P - 1 : T - 1]  # predictions of f_P .. f_{T-1}: q over x_{P+1} .. x_T
-        p = torch.softmax(feats[P:T] @ full_head.T, -1)  # [M, V]
-        q = torch.softmax(pred @ head.T, -1)  # [M, N]
-        agree = float((kept[q.argmax(-1)] == p.argmax(-1)).sum())
-        alpha = float(torch.minimum(p[:, kept], q).sum())
+        agree, alpha = first_step_scores(pred, feats[P:T], full_head, head, kept)
         for key in (category, "overall"):
             sums[key][0] += agree
             sums[key][1] += alpha
-            sums[key][2] += len(q)
+            sums[key][2] += len(pred)
     return {k: (a / n, b / n, n) for k, (a, b, n) in sums.items()}
 
 

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from ..drafters.eagle import head_rows
 from ..models.base import ForwardCall
-from ..models.eagle import EagleConfig, EagleNet, load_eagle, save_eagle
+from ..models.eagle import EagleConfig, EagleNet, check_fits, load_eagle, save_eagle
 from ..text import encode_prompt
 from .prompts import TRANSLATED, passage_prompts, seed_prompts
 
@@ -260,20 +260,28 @@ def _losses(net: EagleNet, head: torch.Tensor, batch, scale: float, steps: int =
 
 
 @torch.no_grad()
-def evaluate(net: EagleNet, target, corpus: FeatureCorpus, windows, full_head: torch.Tensor, head: torch.Tensor,
+def first_step_scores(pred: torch.Tensor, following: torch.Tensor, full_head: torch.Tensor, head: torch.Tensor,
+                      kept: torch.Tensor) -> tuple[float, float]:
+    """A draft's first step against the target, summed over M positions: how often its argmax over
+    the kept tokens is the target's, and alpha = sum_x min(p, q) (Leviathan et al. 2023, Definition
+    3.1) over the whole vocabulary. pred [M, D]: the draft's predicted features; following [M, D]:
+    the target's own there; full_head [V, D]; head [N, D]: its rows `kept`."""
+    p = torch.softmax(following @ full_head.T, -1)  # [M, V]
+    q = torch.softmax(pred @ head.T, -1)  # [M, N]
+    return float((kept[q.argmax(-1)] == p.argmax(-1)).sum()), float(torch.minimum(p[:, kept], q).sum())
+
+
+@torch.no_grad()
+def evaluate(net: EagleNet, batches: _Batches, windows, full_head: torch.Tensor, head: torch.Tensor,
              kept: torch.Tensor, window_batch: int = 16) -> dict:
-    """First-step greedy agreement and alpha at temperature 1 over the target's whole vocabulary, on `windows`
-    (full_head [V, D]; head [N, D], its rows `kept`)."""
-    batches, agree, alpha, n = _Batches(target, corpus), 0.0, 0.0, 0
+    """First-step greedy agreement and alpha at temperature 1 (`first_step_scores`), on `windows`."""
+    agree, alpha, n = 0.0, 0.0, 0
     net.eval()
     for i in range(0, len(windows), window_batch):
         embeds, feats, nxt, cos, sin, mask = batches.make(windows[i : i + window_batch])
-        pred = net(embeds, feats, cos, sin, target.attention_scale)[mask]
-        p = torch.softmax(nxt[mask] @ full_head.T, -1)  # [M, V]
-        q_kept = torch.softmax(pred @ head.T, -1)  # [M, N]
-        agree += float((kept[q_kept.argmax(-1)] == p.argmax(-1)).sum())
-        alpha += float(torch.minimum(p[:, kept], q_kept).sum())
-        n += int(mask.sum())
+        pred = net(embeds, feats, cos, sin, batches.target.attention_scale)[mask]
+        a, b = first_step_scores(pred, nxt[mask], full_head, head, kept)
+        agree, alpha, n = agree + a, alpha + b, n + int(mask.sum())
     net.train()
     return dict(greedy=agree / max(n, 1), alpha=alpha / max(n, 1), positions=n)
 
@@ -315,8 +323,8 @@ def train_eagle(target, corpus: FeatureCorpus, kept: torch.Tensor, seconds: floa
         elapsed = time.perf_counter() - start
         finished = elapsed >= seconds or step >= total_steps
         if held and (finished or elapsed >= next_eval):
-            record = dict(step=step, tokens=seen, seconds=round(elapsed), **evaluate(net, target, corpus, held,
-                                                                                     full_head, head, kept))
+            record = dict(step=step, tokens=seen, seconds=round(elapsed),
+                          **evaluate(net, batches, held, full_head, head, kept))
             curve.append(record)
             log(f"eagle: step {step}, {seen} training tokens, {elapsed:.0f} s: held-out greedy agreement "
                 f"{record['greedy']:.3f}, alpha {record['alpha']:.3f}")
@@ -391,15 +399,8 @@ def _load_corpus(path: str | Path, target) -> FeatureCorpus:
 
 def _resumable(net: EagleNet, target, kept: int) -> EagleNet:
     """A saved draft checked against `target`, its head cut to its first (most frequent) `kept` tokens."""
+    check_fits(net, target, "the draft to go on from")
     c = net.config
-    ours, theirs = (c.dim, c.heads, c.kv_heads, c.head_dim), (target.dim, target.heads, target.kv_heads,
-                                                              target.head_dim)
-    if ours != theirs:
-        raise ValueError(f"the draft to go on from was trained for {c.target or 'another model'} (dim, heads, kv "
-                         f"heads, head size {ours}), not {target.name} {theirs}")
-    if int(net.kept_ids.max()) >= target.vocab_size:
-        raise ValueError(f"the draft to go on from names token {int(net.kept_ids.max())}, past {target.name}'s "
-                         f"vocabulary of {target.vocab_size}")
     if kept >= c.kept:
         return net
     cut = EagleNet(replace(c, kept=kept))

@@ -19,37 +19,15 @@ from weakref import WeakKeyDictionary
 
 import torch
 
-from ..models.eagle import EagleNet, load_eagle
+from ..models.eagle import EagleNet, check_fits, load_eagle
 from ..models.native.cache import NativeCache
-from ..models.native.linear import Int4Linear, Q8Linear
+from ..models.native.linear import Int4Linear, Q8Linear, q4_1_groups, q8_0_groups
 from ..models.native.model import NativeLlama, _Segment
-from ..models.native.source import Groups4, Groups8
 from ..sampling import SamplingParams, sample
 from .base import BaseDrafter, Draft
 
 # The draft trained for the embedded default target, shipped in the package
 SHIPPED = Path(__file__).resolve().parents[1] / "weights" / "smollm2-135m-instruct-eagle"
-
-
-def q8_groups(weight: torch.Tensor) -> Groups8:
-    """weight [N, K] float -> Q8_0 groups as llama.cpp writes them: per 32 inputs d = max |w| / 127 in
-    float16, q = round(w / d)."""
-    N, K = weight.shape
-    w = weight.detach().float().view(N, K // 32, 32)
-    d = (w.abs().amax(-1) / 127).half().float()  # [N, K/32]
-    q = torch.where(d[..., None] > 0, w / d.clamp_min(1e-30)[..., None], torch.zeros(())).round().clamp(-127, 127)
-    return Groups8(q.to(torch.int8).view(N, K), d)
-
-
-def q4_groups(weight: torch.Tensor) -> Groups4:
-    """weight [N, K] float -> Q4_1 groups as llama.cpp writes them: per 32 inputs m = min w and
-    d = (max w - m) / 15 in float16, q = round((w - m) / d) in 0..15."""
-    N, K = weight.shape
-    w = weight.detach().float().view(N, K // 32, 32)
-    m = w.amin(-1).half().float()
-    d = ((w.amax(-1) - m) / 15).half().float()  # [N, K/32]
-    q = ((w - m[..., None]) / d.clamp_min(1e-30)[..., None]).round().clamp(0, 15)
-    return Groups4(q.to(torch.uint8).view(N, K), d.half(), m.half())
 
 
 def head_rows(target: NativeLlama, ids: torch.Tensor) -> torch.Tensor:
@@ -86,11 +64,7 @@ class FeatureDraft(NativeLlama):
         if not isinstance(target, NativeLlama) or target.layer_pointers is None:
             raise ValueError("a feature draft runs on the native backend's C kernels with float32 activations "
                              f"(--backend native, --dtype w4a8 or float32); {target!r} has none")
-        ours, theirs = (c.dim, c.heads, c.kv_heads, c.head_dim), (target.dim, target.heads, target.kv_heads,
-                                                                  target.head_dim)
-        if ours != theirs:
-            raise ValueError(f"this feature draft was trained for {c.target or 'another model'} (dim, heads, kv "
-                             f"heads, head size {ours}), not {target.name} {theirs}")
+        check_fits(net, target, "this feature draft", net.kept_ids[:head_tokens])
         self.target, self.name = target, f"eagle({target.name})"
         self.n_threads, self.device = target.n_threads, target.device
         self.layers, self.heads, self.kv_heads = 1, c.heads, c.kv_heads
@@ -103,8 +77,8 @@ class FeatureDraft(NativeLlama):
 
         def product(weight: torch.Tensor) -> Int4Linear | Q8Linear:
             if bits == 8:
-                return Q8Linear.from_groups(q8_groups(weight), self.kernels, int8_activations=True)
-            return Int4Linear.from_groups(q4_groups(weight), torch.float32, self.kernels, int8_activations=True)
+                return Q8Linear.from_groups(q8_0_groups(weight), self.kernels, int8_activations=True)
+            return Int4Linear.from_groups(q4_1_groups(weight), torch.float32, self.kernels, int8_activations=True)
 
         with torch.no_grad():
             self.fc, self.fc_bias = product(net.fc.weight), net.fc.bias.detach().float().clone()
@@ -115,9 +89,6 @@ class FeatureDraft(NativeLlama):
                                 gate_up=product(net.gate_up.weight), down=product(net.down.weight))]
             self.norm = net.norm.detach().float().clone()
             self.kept_ids = net.kept_ids[:head_tokens].clone()  # [N] target ids, most frequent first
-            if int(self.kept_ids.max()) >= target.vocab_size:
-                raise ValueError(f"this feature draft's head names token {int(self.kept_ids.max())}, past "
-                                 f"{target.name}'s vocabulary of {target.vocab_size}")
             self.head = product(head_rows(target, self.kept_ids))
         self.embedding = target.embedding
         # the kept tokens' embeddings as float32 rows [N, D] (19 MB for SmolLM2's 8192 x 576): a drafted

@@ -90,6 +90,20 @@ class EagleNet(nn.Module):
         return rms_norm(x, self.norm, c.eps)
 
 
+def check_fits(net: EagleNet, target, subject: str, ids: torch.Tensor | None = None) -> None:
+    """Refuse, naming the mismatch, a draft whose shapes are not `target`'s or whose tokens (`ids`,
+    default all it keeps) run past its vocabulary; `subject` names the draft in the message."""
+    c = net.config
+    ours, theirs = (c.dim, c.heads, c.kv_heads, c.head_dim), (target.dim, target.heads, target.kv_heads,
+                                                              target.head_dim)
+    if ours != theirs:
+        raise ValueError(f"{subject} was trained for {c.target or 'another model'} (dim, heads, kv heads, head "
+                         f"size {ours}), not {target.name} {theirs}")
+    top = int((net.kept_ids if ids is None else ids).max())
+    if top >= target.vocab_size:
+        raise ValueError(f"{subject} names token {top}, past {target.name}'s vocabulary of {target.vocab_size}")
+
+
 def save_eagle(path: str | Path, net: EagleNet, meta: dict | None = None) -> Path:
     """The network as one safetensors file (float16 weights, int32 kept ids) under directory `path`."""
     from safetensors.torch import save_file

@@ -83,13 +83,46 @@ def dense(weight: torch.Tensor, dtype: torch.dtype, kernels) -> Linear | F32Line
     return Linear(weight.to(dtype), row_invariant=True)
 
 
-def _grid_values(w: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, lowest: int, highest: int):
-    """The integers q (lowest..highest) with w = scale * q + offset per group, or None unless they
-    reproduce every weight to within a thousandth of its group's step. w [N, K/G, G] float32;
-    offset and scale [N, K/G, 1] (a zero scale, a constant group, is taken as 1). Returns (q, scale)."""
+def _grid(w: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, lowest: int,
+          highest: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The integers q (lowest..highest) nearest to w = scale * q + offset per group. w [N, K/G, G]
+    float32; offset and scale [N, K/G, 1] (a zero scale, a constant group, is taken as 1). Returns
+    (q, scale)."""
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = ((w - offset) / scale).round_().clamp_(lowest, highest)
+    return ((w - offset) / scale).round_().clamp_(lowest, highest), scale
+
+
+def _grid_values(w: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, lowest: int, highest: int):
+    """`_grid`'s (q, scale), or None unless q reproduces every weight to within a thousandth of its
+    group's step."""
+    q, scale = _grid(w, offset, scale, lowest, highest)
     return None if ((q * scale + offset - w).abs() > scale * 1e-3).any() else (q, scale)
+
+
+def _q4_1_grid(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K/32, 32] -> Q4_1's minimum and step per group ([N, K/32, 1] each): the minimum maps to
+    0 and the maximum to 15, both stored in float16."""
+    low = w.amin(-1, keepdim=True).half().float()
+    return low, ((w.amax(-1, keepdim=True) - low) / 15).half().float()
+
+
+def q4_1_groups(weight: torch.Tensor) -> Groups4:
+    """weight [N, K] float -> Q4_1 groups as llama.cpp writes them, rounding each weight to its
+    group's nearest step (lossy, unlike `Int4Linear.quantize`)."""
+    N, K = weight.shape
+    w = weight.detach().float().view(N, K // 32, 32)
+    low, step = _q4_1_grid(w)
+    q, step = _grid(w, low, step, 0, 15)
+    return Groups4(q.to(torch.uint8).view(N, K), step[..., 0].half(), low[..., 0].half())
+
+
+def q8_0_groups(weight: torch.Tensor) -> Groups8:
+    """weight [N, K] float -> Q8_0 groups as llama.cpp writes them: per 32 inputs the largest
+    magnitude maps to +-127, the step stored in float16; each weight rounded to its nearest step."""
+    N, K = weight.shape
+    w = weight.detach().float().view(N, K // 32, 32)
+    q, step = _grid(w, torch.zeros(()), (w.abs().amax(-1, keepdim=True) / 127).half().float(), -127, 127)
+    return Groups8(q.to(torch.int8).view(N, K), step[..., 0])
 
 
 class Int4Linear:
@@ -130,10 +163,8 @@ class Int4Linear:
         if K % cls.GROUP or N % 16:  # the kernels take outputs 16 at a time
             return None
         w = weight.float().view(N, K // cls.GROUP, cls.GROUP)
-        low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)  # [N, K/G, 1]
-        # Q4_1 maps a group's min to 0 and its max to 15, and stores the step and the minimum in float16
-        low = low.half().float()
-        grid = _grid_values(w, low, ((high - low) / 15).half().float(), 0, 15)
+        low, step = _q4_1_grid(w)
+        grid = _grid_values(w, low, step, 0, 15)
         if grid is None:
             return None
         q, scale = grid
