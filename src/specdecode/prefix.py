@@ -24,7 +24,7 @@ class PrefixCache:
         if not isinstance(max_bytes, int) or max_bytes < 0:
             raise ValueError(f"max_bytes must be an integer >= 0, got {max_bytes!r}")
         self.max_bytes = max_bytes
-        # prompt -> (its ids, k, v, features or None)
+        # prompt -> (its ids, k, v, features or None, their bytes)
         self._entries: OrderedDict[tuple[int, ...], tuple] = OrderedDict()
         self.nbytes = 0
         self.reused_tokens = 0  # prompt tokens not computed, over the cache's life
@@ -38,9 +38,10 @@ class PrefixCache:
         if len(cache) or not self._entries or len(prompt) < 2:
             return 0
         ids = torch.tensor(prompt[:-1])
+        needs_features = getattr(cache, "features", None) is not None
         best, best_key = 0, None
-        for key, (tokens, _, _, features) in self._entries.items():
-            if getattr(cache, "features", None) is not None and features is None:  # needed, and not kept here
+        for key, (tokens, _, _, features, _) in self._entries.items():
+            if needs_features and features is None:  # not kept with this entry
                 continue
             n = min(len(tokens), len(ids))
             same = tokens[:n] == ids[:n]
@@ -49,11 +50,11 @@ class PrefixCache:
                 best, best_key = shared, key
         if best_key is None:
             return 0
-        _, k, v, features = self._entries[best_key]
+        _, k, v, features, _ = self._entries[best_key]
         self._entries.move_to_end(best_key)
         cache.k[:, :, :best] = k[:, :, :best]
         cache.v[:, :, :best] = v[:, :, :best]
-        if getattr(cache, "features", None) is not None:
+        if needs_features:
             cache.features[:best] = features[:best]
         cache.length = best
         self.reused_tokens += best
@@ -66,13 +67,14 @@ class PrefixCache:
             self._entries.move_to_end(key)
             return
         n = len(key)
-        k, v = cache.k[:, :, :n].clone(), cache.v[:, :, :n].clone()
-        features = None if getattr(cache, "features", None) is None else cache.features[:n].clone()
-        size = k.nbytes + v.nbytes + (0 if features is None else features.nbytes)
+        parts = [cache.k[:, :, :n], cache.v[:, :, :n]]
+        if getattr(cache, "features", None) is not None:
+            parts.append(cache.features[:n])
+        size = sum(part.nbytes for part in parts)  # before copying anything
         if size > self.max_bytes or len(cache) < n:
             return
-        self._entries[key] = (torch.tensor(key), k, v, features)
+        k, v, *features = (part.clone() for part in parts)
+        self._entries[key] = (torch.tensor(key), k, v, features[0] if features else None, size)
         self.nbytes += size
         while self.nbytes > self.max_bytes:
-            _, (_, k, v, features) = self._entries.popitem(last=False)
-            self.nbytes -= k.nbytes + v.nbytes + (0 if features is None else features.nbytes)
+            self.nbytes -= self._entries.popitem(last=False)[1][-1]
