@@ -27,8 +27,9 @@ def _model_options(with_draft: bool = True) -> argparse.ArgumentParser:
         common.add_argument("--draft", default=LOOKUP,
                             help="'lookup' for prompt lookup (default), 'suffix' for suffix drafting (the most "
                                  "frequent continuation of the longest earlier match), 'trained' for the draft "
-                                 "network shipped for the embedded target, 'eagle' for the feature draft shipped for it (native backend; "
-                                 "eagle:DIR for one trained by distill --eagle), a draft model path (one with another "
+                                 "network shipped for the embedded target, 'eagle' for the feature draft shipped "
+                                 "for it (native backend; eagle:DIR for one trained by distill --eagle), a draft "
+                                 "model path (one with another "
                                  "tokenizer drafts its text re-tokenised when greedy, the tokens both share when "
                                  "sampling), text:PATH (its text re-tokenised always), lookup+MODEL (copy where the text repeats, MODEL "
                                  "elsewhere, e.g. lookup+trained), ngram:FILE.npz, or module:Name for a drafter of "
@@ -225,7 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--data-minutes", type=float, default=50.0, help="time for generating the corpus (default 50)")
     dist.add_argument("--train-minutes", type=float, default=55.0, help="training time (default 55)")
     dist.add_argument("--data-batches", type=int, default=None,
-                      help="stop generating after this many batches (with --eagle: answers begun), even within --data-minutes")
+                      help="stop generating after this many batches (with --eagle: answers begun), even within "
+                           "--data-minutes")
     dist.add_argument("--train-steps", type=int, default=None,
                       help="stop training after this many steps, even within --train-minutes")
     dist.add_argument("--layers", type=int, default=3)

@@ -108,7 +108,8 @@ class DraftSpec:
         if self.spec.startswith(HYBRID) and not self.spec[len(HYBRID):]:
             raise ValueError("lookup+ needs a draft model, e.g. lookup+trained")
         if self.spec.startswith(EAGLE + ":") and not self.spec[len(EAGLE) + 1:]:
-            raise ValueError("eagle: needs a feature draft directory, e.g. eagle:my-eagle (or 'eagle' for the shipped one)")
+            raise ValueError("eagle: needs a feature draft directory, e.g. eagle:my-eagle (or 'eagle' for the "
+                             "shipped one)")
         if self.spec.startswith(TEXT) and not self.spec[len(TEXT):]:
             raise ValueError("text: needs a draft model path, e.g. text:draft.gguf")
         if not (0.0 <= self.min_confidence < 1.0):
