@@ -33,10 +33,10 @@ def world(tmp_path_factory):
     target = load_native(quantize(write_llama(root / "tiny.gguf"), "Q8_0"))
     if target.layer_pointers is None:
         pytest.skip("the C kernels do not run this target's layers here")
-    corpus = generate_features(target, 60, concurrent=8, max_new_tokens=32, seed=0, log=lambda m: None,
+    corpus = generate_features(target, 600, concurrent=8, max_new_tokens=32, seed=0, log=lambda m: None,
                                max_sequences=16)
     kept = choose_kept(corpus, 512, target.eos_token_ids)
-    net, record = train_eagle(target, corpus, kept, 120, hidden=256, lr=3e-3, window=64, max_steps=60,
+    net, record = train_eagle(target, corpus, kept, 1200, hidden=256, lr=3e-3, window=64, max_steps=60,
                               evaluations=1, held_out=0.1, log=lambda m: None)
     path = save_eagle(root / "draft", net, record)
     return target, corpus, net, path, record
@@ -261,14 +261,14 @@ def test_the_cli_trains_a_feature_draft_and_generates_with_it(world, capsys, tmp
     root = world[3].parent
     out = tmp_path / "cli-draft"
     code, out_text, err = run_cli(capsys, "distill", "--eagle", "--target", str(root / target_file), "--out", str(out),
-                                  "--data-minutes", "0.2", "--train-minutes", "0.1", "--data-batches", "6",
+                                  "--data-minutes", "10", "--train-minutes", "10", "--data-batches", "6",
                                   "--train-steps", "3", "--kept", "256", "--answer-tokens", "24")
     assert code == 0, err
     assert "eagle: written to" in out_text and load_eagle(out)[0].config.kept == 256
     more = tmp_path / "cli-draft-more"  # trained on from the first, on a new corpus and the first's
     code, out_text, err = run_cli(capsys, "distill", "--eagle", "--target", str(root / target_file), "--out",
                                   str(more), "--init", str(out), "--also", f"{out}.features.npz", "--kept", "128",
-                                  "--data-minutes", "0.2", "--train-minutes", "0.1", "--data-batches", "6",
+                                  "--data-minutes", "10", "--train-minutes", "10", "--data-batches", "6",
                                   "--train-steps", "3", "--answer-tokens", "24", "--seed", "1")
     assert code == 0, err
     resumed, meta = load_eagle(more)
