@@ -38,10 +38,11 @@ class PrefixCache:
         if len(cache) or not self._entries or len(prompt) < 2:
             return 0
         ids = torch.tensor(prompt[:-1])
-        needs_features = getattr(cache, "features", None) is not None
+        wanted = getattr(cache, "features", None)
         best, best_key = 0, None
         for key, (tokens, _, _, features, _) in self._entries.items():
-            if needs_features and features is None:  # not kept with this entry
+            # not kept with this entry, or others than the cache keeps (another draft's layers)
+            if wanted is not None and (features is None or features.shape[1] != wanted.shape[1]):
                 continue
             n = min(len(tokens), len(ids))
             same = tokens[:n] == ids[:n]
@@ -54,7 +55,7 @@ class PrefixCache:
         self._entries.move_to_end(best_key)
         cache.k[:, :, :best] = k[:, :, :best]
         cache.v[:, :, :best] = v[:, :, :best]
-        if needs_features:
+        if wanted is not None:
             cache.features[:best] = features[:best]
         cache.length = best
         self.reused_tokens += best

@@ -18,14 +18,23 @@ class NativeCache:
         self.v = torch.empty(layers, kv_heads, positions, head_dim, dtype=dtype)
         self.layer_k, self.layer_v = self.k.unbind(0), self.v.unbind(0)  # per-layer views, made once
         self.length = 0
-        # [positions, D]: the model's final-norm output at each cached position, where a feature draft
+        # [positions, (len(feature_layers) + 1) D]: at each cached position, the residual stream after
+        # each of `feature_layers` layers, then the model's final-norm output, where a feature draft
         # (`drafters.eagle`) asked for them with `keep_features`; None otherwise
         self.features: torch.Tensor | None = None
+        self.feature_layers: tuple[int, ...] = ()
 
-    def keep_features(self, dim: int, dtype: torch.dtype = torch.float32) -> None:
-        """From now on the model also stores each new position's final-norm output in `features`."""
+    def keep_features(self, dim: int, layers: tuple[int, ...] = (), dtype: torch.dtype = torch.float32) -> None:
+        """From now on the model also stores each new position's features in `features`: its residual
+        stream after each of the first `layers` layers (EAGLE-3's low and middle features), then its
+        final-norm output. A cache keeps one set: asking again for another is refused."""
+        layers = tuple(int(n) for n in layers)
         if self.features is None:
-            self.features = torch.empty(self.positions, dim, dtype=dtype)
+            self.features = torch.empty(self.positions, (len(layers) + 1) * dim, dtype=dtype)
+            self.feature_layers = layers
+        elif layers != self.feature_layers or self.features.shape[1] != (len(layers) + 1) * dim:
+            raise ValueError(f"this cache keeps the features of layers {self.feature_layers} and the final norm; "
+                             f"a draft asked for layers {layers}")
 
     def __len__(self) -> int:
         return self.length

@@ -390,7 +390,8 @@ class NativeLlama:
                 inputs: torch.Tensor | None = None) -> torch.Tensor:
         """ids [T], the rows of `segments` in turn (one request's each, with its own cache: a chain, or
         a tree given its parents, in cache slots cache.length..) -> final hidden states [T, D]; fills
-        the caches (and the final-norm outputs of those that `keep_features`). The products run once
+        the caches (and the features of those that `keep_features`: the residual stream after the
+        layers they name, and the final-norm outputs). The products run once
         over all T rows; RoPE with the cache writes and the attention per segment over its own cache.
         `inputs` [T, D]: the first layer's inputs in place of the tokens' embeddings (a feature draft's)."""
         one = len(segments) == 1
@@ -400,28 +401,43 @@ class NativeLlama:
         x = self.embedding(ids) if inputs is None else inputs  # [T, D]
         if self.embed_scale != 1.0 and inputs is None:
             x = x * self.embed_scale
-        if not prefill and self.layer_pointers is not None:  # the loop below in one C call
+        # layers after which a cache keeps the residual stream (`NativeCache.keep_features`): x is copied there
+        taps = sorted({n for s in segments if s.cache.features is not None for n in s.cache.feature_layers})
+        if any(not 0 < n < len(self.blocks) for n in taps):
+            raise ValueError(f"a cache asks for the features after layers {taps}; {self.name} has {len(self.blocks)}")
+        tapped: dict[int, torch.Tensor] = {}
+        if not prefill and self.layer_pointers is not None:  # the loop below in one C call (one per tap)
             hidden = self.blocks[0]["gate_up"].out_features // 2
+            weights, kinds = self.layer_pointers
             windows = torch.tensor(self.windows, dtype=torch.int32) if any(self.windows) else None
-            x = self.kernels.decode_layers(
-                x, *self.layer_pointers, [Segment(s.rows, s.cache.k, s.cache.v, s.cache.length, s.parents)
-                                          for s in segments], rope[0], rope[1], hidden, self.eps, windows,
-                rope[2], rope[3], self.gelu)
+            bounds = [0, *taps, len(self.blocks)]
+            for a, b in zip(bounds, bounds[1:]):
+                x = self.kernels.decode_layers(
+                    x, weights[a:b], kinds[a:b], [Segment(s.rows, s.cache.k[a:b], s.cache.v[a:b], s.cache.length,
+                                                          s.parents) for s in segments],
+                    rope[0], rope[1], hidden, self.eps, None if windows is None else windows[a:b], rope[2], rope[3],
+                    self.gelu)
+                if b in taps:
+                    tapped[b] = x.clone()
         else:
             with threads.lent_to_torch(self.n_threads) if self.owns_cores else nullcontext():
-                x = self._layer_loop(x, segments, rope, prefill)
+                x = self._layer_loop(x, segments, rope, prefill, taps, tapped)
         start = 0
         for s in segments:
             if s.cache.features is not None:
-                s.cache.features[s.cache.length : s.cache.length + s.rows] = self.kernels.rms_norm(
-                    x[start : start + s.rows], self.norm, self.eps)
+                rows, D = slice(s.cache.length, s.cache.length + s.rows), x.shape[1]
+                for j, n in enumerate(s.cache.feature_layers):
+                    s.cache.features[rows, j * D : (j + 1) * D] = tapped[n][start : start + s.rows]
+                s.cache.features[rows, -D:] = self.kernels.rms_norm(x[start : start + s.rows], self.norm, self.eps)
             start += s.rows
             s.cache.length += s.rows
         return x
 
-    def _layer_loop(self, x: torch.Tensor, segments: Sequence[_Segment], rope: tuple, prefill: bool) -> torch.Tensor:
+    def _layer_loop(self, x: torch.Tensor, segments: Sequence[_Segment], rope: tuple, prefill: bool,
+                    taps: Sequence[int] = (), tapped: dict | None = None) -> torch.Tensor:
         """`_layers` one operation at a time (each a call over all rows, or one per segment); rope: cos,
-        sin [T, hd] of the rows' positions for the global layers, then for the sliding ones (or None)."""
+        sin [T, hd] of the rows' positions for the global layers, then for the sliding ones (or None).
+        The residual stream after each of the first `taps` layers goes into `tapped`, by layer count."""
         one, bounds, start = len(segments) == 1, [], 0
         for s in segments:
             bounds.append((start, start + s.rows, s.cache.length))
@@ -445,6 +461,8 @@ class NativeLlama:
             x = x + self._post_norm(products["o"](attn), b["post_attn_norm"])
             gate_up = products["gate_up"](self.kernels.rms_norm(x, b["mlp_norm"], self.eps))  # [T, 2 I]
             x = x + self._post_norm(products["down"](activation(gate_up)), b["post_mlp_norm"])
+            if i + 1 in taps:
+                tapped[i + 1] = x.clone()
         return x
 
     def _post_norm(self, y: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
