@@ -5,6 +5,7 @@ the CLI. On a tiny random Llama (Q8_0) and a draft trained on it here."""
 
 import json
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -304,3 +305,161 @@ def test_batched_requests_with_a_reused_prefix_give_plain_decoding(world):
         assert got[r.id] == plain
     if target.row_invariant_prompts:
         assert batch.prefixes.reused_tokens > 0
+
+
+@pytest.fixture(scope="module")
+def layered(world):
+    """The trained draft grown to read the target's residual stream after its first layer too
+    (EAGLE-3's fused features), its fuse then moved off the final-norm features alone."""
+    from specdecode.distill.eagle import _resumable
+
+    target, net = world[0], world[2]
+    grown = _resumable(net, target, net.config.kept, (1,))
+    with torch.no_grad():
+        grown.fuse.weight[:, :target.dim] = 0.05 * torch.randn(target.dim, target.dim,
+                                                               generator=torch.Generator().manual_seed(0))
+    return grown
+
+
+@pytest.mark.slow
+def test_a_cache_keeps_the_residual_stream_after_the_layers_a_draft_reads(world, monkeypatch):
+    """With layers asked for, the logits and the final-norm features are those of a cache that keeps
+    the final-norm features alone (the C layers split at the tap give the same bits), the tap is the
+    residual stream the layer-by-layer loop computes, and a batch mixing the two kinds of cache gives
+    each its own; asking one cache for other layers is refused."""
+    target, corpus = world[:2]
+    ids = torch.tensor([prompts(corpus, 1)[0]])
+    T, D = ids.shape[1], target.dim
+    plain, tapped = target.new_cache(64), target.new_cache(64)
+    plain.keep_features(D)
+    tapped.keep_features(D, (1,))
+    assert tapped.features.shape == (64, 2 * D)
+    assert torch.equal(target.forward(ids, plain, prefill=False), target.forward(ids, tapped, prefill=False))
+    assert torch.equal(tapped.features[:T, D:], plain.features[:T])
+    step = torch.tensor([[5]])
+    from specdecode.models.base import ForwardCall
+    both = target.forward_batch([ForwardCall(step, plain, 1), ForwardCall(step, tapped, 1)])
+    assert torch.equal(both[0], both[1]) and torch.equal(tapped.features[T, D:], plain.features[T])
+    monkeypatch.setattr(target, "layer_pointers", None)  # the same call, one operation at a time
+    loop = target.new_cache(64)
+    loop.keep_features(D, (1,))
+    target.forward(ids, loop, prefill=False)
+    torch.testing.assert_close(loop.features[:T], tapped.features[:T], rtol=1e-4, atol=1e-4)
+    assert loop.features[:T, :D].abs().max() > 0
+    with pytest.raises(ValueError, match="keeps the features of layers"):
+        tapped.keep_features(D)
+
+
+@pytest.mark.slow
+def test_a_grown_draft_starts_as_it_was_and_runs_natively(world, layered):
+    """Grown to read a layer, a draft's fuse passes the final-norm features alone (the same output
+    as before); with its fuse moved, FeatureDraft on the C kernels computes EagleNet's network from
+    the target's kept features."""
+    from specdecode.distill.eagle import _resumable
+
+    target, corpus, net = world[:3]
+    ids = torch.tensor(prompts(corpus, 1)[0])
+    cache = target.new_cache(64)
+    cache.keep_features(target.dim, (1,))
+    target.forward(ids[None], cache)
+    T = len(ids) - 1
+    features = cache.features[:T]  # [T, 2D]: after layer 1, then the final norm
+    embeds = target.embedding(ids[1:]).float()[None]
+    cos, sin = target.cos[:T].float(), target.sin[:T].float()
+    with torch.no_grad():
+        fresh = _resumable(net, target, net.config.kept, (1,))
+        before = net(embeds, features[None, :, target.dim:], cos, sin, target.attention_scale)
+        after = fresh(embeds, fresh.fuse_features(features[None]), cos, sin, target.attention_scale)
+        torch.testing.assert_close(after, before)
+        reference = layered(embeds, layered.fuse_features(features[None]), cos, sin, target.attention_scale)[0]
+    assert not torch.allclose(reference, before[0], atol=1e-3)  # the moved fuse reads the layer
+    draft = FeatureDraft(layered, target, bits=8)
+    dcache = draft.new_cache(64)
+    native = torch.cat([draft.step(ids[t + 1:t + 2], features[t:t + 1], dcache)[0] for t in range(T)])
+    assert torch.nn.functional.cosine_similarity(native, reference, dim=-1).min() > 0.99
+    with pytest.raises(ValueError, match="2 features of"):
+        draft.step(ids[1:2], features[:1, :target.dim + 1], dcache)
+
+
+@pytest.mark.slow
+def test_a_draft_reading_layers_keeps_greedy_output_plain_alone_and_in_a_batch(world, layered):
+    """Greedy decoding with the layered draft is plain decoding, with rejections, its cache after them
+    one pass over the real pairs; in the batch engine a reused prefix keeps its features of one width
+    only for the caches that keep the same."""
+    from specdecode.batch import Batch
+
+    target, corpus = world[:2]
+    draft = FeatureDraft(layered, target)
+    prompt = prompts(corpus, 1)[0]
+    plain = [t for s in autoregressive_decode(target, prompt, params=GREEDY, max_new_tokens=40) for t in s.tokens]
+    drafter = EagleDrafter(draft)
+    steps = list(speculative_decode(target, drafter, prompt, gamma=3, params=GREEDY, max_new_tokens=40))
+    assert [t for s in steps for t in s.tokens] == plain and any(s.rejected for s in steps)
+    context = prompt + plain
+    drafter.propose(context, 2)
+    fresh = draft.new_cache(drafter.cache.positions)
+    draft.step(torch.tensor(context[1:drafter.fed + 1]), drafter.target_cache.features[:drafter.fed], fresh)
+    assert torch.equal(drafter.cache.k[:, :, :drafter.fed], fresh.k[:, :, :drafter.fed])
+    batch = Batch(target, max_batch=1)  # the second request reuses the first's prompt, the third the second's
+    one_width = FeatureDraft(world[2], target)
+    asked = [(prompt, EagleDrafter(one_width)), (prompt + [11], EagleDrafter(draft)), (prompt + [11, 12],
+                                                                                       EagleDrafter(draft))]
+    requests = [batch.submit(p, d, gamma=3, params=GREEDY, max_new_tokens=16) for p, d in asked]
+    got = {r.id: [] for r in requests}
+    for request, piece in batch.run():
+        got[request.id] += piece.step.tokens
+    for r, (p, _) in zip(requests, asked):
+        assert got[r.id] == [t for s in autoregressive_decode(target, p, params=GREEDY, max_new_tokens=16)
+                             for t in s.tokens]
+
+
+@pytest.mark.slow
+def test_a_corpus_gets_the_features_of_layers_teacher_forced_once(world, tmp_path):
+    """`refeature` gives the generated corpus's own final-norm features at the answers' positions (both
+    decode numerics: the same bits where rows are computed alone) and the tapped layer's beside them; the copy is written beside the corpus and read
+    back the next time; corpora of other layers do not join, a draft cannot go on reading others."""
+    from specdecode.distill.eagle import _load_corpus, _resumable, refeature
+
+    target, corpus, net = world[:3]
+    D = target.dim
+    few = FeatureCorpus(corpus.tokens[:corpus.offsets[3]], corpus.offsets[:4], corpus.answer_starts[:3],
+                        corpus.features[:corpus.offsets[3]])
+    layered_corpus = refeature(target, few, (1,), log=lambda m: None)
+    assert layered_corpus.layers == (1,) and layered_corpus.features.shape == (len(few.tokens), 2 * D)
+    answers = np.concatenate([np.arange(a, b - 1) for a, b in zip(few.answer_starts, few.offsets[1:])])
+    got, generated = layered_corpus.features[answers, D:], few.features[answers]
+    if target.row_invariant_prompts:  # rows computed alone: the same bits whatever shares the call
+        assert np.array_equal(got, generated)
+    else:  # plain C dot products sum a row in a batch differently
+        np.testing.assert_allclose(got.astype(np.float32), generated.astype(np.float32), rtol=1e-2, atol=1e-2)
+    assert np.abs(layered_corpus.features[answers, :D]).max() > 0
+    path = few.save(tmp_path / "few.features.npz")
+    said = []
+    first = _load_corpus(path, target, (1,), said.append)
+    assert (tmp_path / "few.features.layers.1.npz").is_file() and any("teacher-forced" in m for m in said)
+    said.clear()
+    again = _load_corpus(path, target, (1,), said.append)
+    assert np.array_equal(again.features, first.features) and again.layers == (1,)
+    assert said and said[0].startswith("reusing")
+    with pytest.raises(ValueError, match="different layers"):
+        FeatureCorpus.concat([few, layered_corpus])
+    grown = _resumable(net, target, net.config.kept, (1,))
+    with pytest.raises(ValueError, match="reads the features of layers"):
+        _resumable(grown, target, net.config.kept, ())
+    with pytest.raises(ValueError, match="reads the outputs of layers"):
+        FeatureDraft(EagleNet(replace(grown.config, layers=(2,))), target)
+    from specdecode.distill.eagle import distill_eagle
+    for bad in [(2,), (0,), (1, 1)]:
+        with pytest.raises(ValueError, match="rising layer counts"):
+            distill_eagle(target, tmp_path / "out", tmp_path / "none.npz", 1, 1, layers=bad)
+    assert not (tmp_path / "none.npz").exists()
+
+
+def test_a_layered_draft_saves_its_layers_and_the_cli_checks_them(tmp_path, capsys):
+    net = EagleNet(EagleConfig(64, 2, 2, 32, 128, 1e-5, 16, "tiny", (3, 9)))
+    loaded = load_eagle(save_eagle(tmp_path / "d", net))[0]
+    assert loaded.config == net.config and loaded.config.layers == (3, 9)
+    assert torch.equal(loaded.fuse.weight, net.fuse.weight.half().float())
+    code, _, err = run_cli(capsys, "distill", "--target", "x.gguf", "--out", str(tmp_path / "x"),
+                           "--feature-layers", "3")
+    assert code != 0 and "need --eagle" in err

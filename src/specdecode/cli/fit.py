@@ -52,8 +52,8 @@ def cmd_distill(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out!r} exists and is not an empty directory; nothing was overwritten")
     if args.eagle:
         return _distill_eagle(args, out)
-    if args.init or args.also:
-        raise ValueError("--init and --also go on training a feature draft: they need --eagle")
+    if args.init or args.also or args.feature_layers:
+        raise ValueError("--init, --also and --feature-layers train a feature draft: they need --eagle")
     backend = "hf" if args.backend == "auto" else args.backend
     if backend != "hf":
         raise ValueError("distill generates its corpus on the transformers backend; use --backend hf")
@@ -86,5 +86,6 @@ def _distill_eagle(args: argparse.Namespace, out: str) -> int:
     distill_eagle(target, out, args.corpus or out.rstrip("/") + ".features.npz", args.data_minutes * 60,
                   args.train_minutes * 60, kept=args.kept or 2048, hidden=args.mlp_dim, lr=args.lr or 1e-3,
                   seed=args.seed, log=lambda m: print(m, flush=True), max_new_tokens=args.answer_tokens,
-                  max_sequences=args.data_batches, max_steps=args.train_steps, init=args.init, also=args.also)
+                  max_sequences=args.data_batches, max_steps=args.train_steps, init=args.init, also=args.also,
+                  layers=args.feature_layers)
     return 0

@@ -249,6 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "tokens are kept; --kept may cut them)")
     dist.add_argument("--also", nargs="+", default=[], metavar="CORPUS",
                       help="with --eagle: more feature corpora (.features.npz) to train on beside --corpus")
+    dist.add_argument("--feature-layers", nargs="+", type=int, default=[], metavar="N",
+                      help="with --eagle: the draft also reads the target's residual stream after these many "
+                           "layers (EAGLE-3's low and middle features, e.g. 3 15 of 30), fused with its "
+                           "final-norm features; corpora without them get them teacher-forced, kept beside them")
     dist.add_argument("--batch-tokens", type=int, default=8192, help="tokens per training batch (default 8192)")
     dist.add_argument("--gen-batch", type=int, default=32, help="prompts per generation batch (default 32)")
     dist.add_argument("--answer-tokens", type=int, default=256, help="longest answer generated (default 256)")

@@ -2,8 +2,10 @@
 
 1. **Data** (`generate_features`): the target answers built prompts (`distill.prompts`), every
    sequence greedy or at temperature 1 in turn, many at once through `forward_batch` (one ragged
-   forward a step). Its cache keeps the final-norm features of every position it computes, so the
-   features come with the answers: no second pass.
+   forward a step). Its cache keeps the final-norm features of every position it computes (and, for a
+   draft that reads them, its residual stream after `layers`), so the features come with the
+   answers: no second pass. A corpus kept without the layers a draft reads gets them teacher-forced
+   (`refeature`: one forward a sequence, ~3x faster than generating it).
 2. **Training** (`train_eagle`): for each pair (f_t, x_{t+1}) the draft predicts f_{t+1}; the loss is
    EAGLE's, a smooth-L1 regression onto f_{t+1} plus 0.1 x the cross-entropy of its head read-out
    against the target's own distribution there (over the kept tokens), and the same again for a
@@ -37,13 +39,15 @@ from .prompts import TRANSLATED, passage_prompts, seed_prompts
 @dataclass
 class FeatureCorpus:
     """Concatenated sequences (prompt, then answer): sequence i is tokens[offsets[i]:offsets[i+1]],
-    its answer from answer_starts[i]; features[j] is the target's final-norm output at token j (zero
-    at each sequence's last token, which the target never read)."""
+    its answer from answer_starts[i]; features[j] the target's at token j (zero at each sequence's
+    last token, which the target never read): its residual stream after each of `layers` layers, then
+    its final-norm output (`NativeCache.keep_features`)."""
 
     tokens: np.ndarray  # [total] int32
     offsets: np.ndarray  # [S + 1] int64
     answer_starts: np.ndarray  # [S] int64
-    features: np.ndarray  # [total, D] float16
+    features: np.ndarray  # [total, (len(layers) + 1) D] float16
+    layers: tuple[int, ...] = ()
 
     @property
     def num_sequences(self) -> int:
@@ -57,7 +61,7 @@ class FeatureCorpus:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         np.savez(path, tokens=self.tokens, offsets=self.offsets, answer_starts=self.answer_starts,
-                 features=self.features)
+                 features=self.features, layers=np.array(self.layers, dtype=np.int64))
         return path
 
     @classmethod
@@ -65,11 +69,13 @@ class FeatureCorpus:
         """The sequences of every corpus, in order, as one."""
         if len(corpora) == 1:
             return corpora[0]
+        if len({c.layers for c in corpora}) > 1:
+            raise ValueError(f"the corpora keep the features of different layers: {[list(c.layers) for c in corpora]}")
         shifts = np.cumsum([0] + [len(c.tokens) for c in corpora[:-1]])
         offsets = [corpora[0].offsets[:1]] + [c.offsets[1:] + s for c, s in zip(corpora, shifts)]
         return cls(np.concatenate([c.tokens for c in corpora]), np.concatenate(offsets),
                    np.concatenate([c.answer_starts + s for c, s in zip(corpora, shifts)]),
-                   np.concatenate([c.features for c in corpora]))
+                   np.concatenate([c.features for c in corpora]), corpora[0].layers)
 
     @classmethod
     def load(cls, path: str | Path) -> FeatureCorpus:
@@ -80,17 +86,38 @@ class FeatureCorpus:
             missing = {"tokens", "offsets", "answer_starts", "features"} - set(f.files)
             if missing:
                 raise ValueError(f"{str(path)!r} is not a feature corpus (it lacks {', '.join(sorted(missing))})")
-            return cls(f["tokens"], f["offsets"], f["answer_starts"], f["features"])
+            layers = tuple(int(n) for n in f["layers"]) if "layers" in f.files else ()
+            return cls(f["tokens"], f["offsets"], f["answer_starts"], f["features"], layers)
+
+
+@torch.no_grad()
+def refeature(target, corpus: FeatureCorpus, layers: Sequence[int], log=print) -> FeatureCorpus:
+    """The same sequences with the features of `layers` too, teacher-forced: one forward a sequence
+    (about as fast as a prompt's prefill, against one step a token when answers are generated)."""
+    layers, D = tuple(int(n) for n in layers), target.dim
+    features = np.zeros((len(corpus.tokens), (len(layers) + 1) * D), dtype=np.float16)
+    start = time.perf_counter()
+    for i in range(corpus.num_sequences):
+        a, b = int(corpus.offsets[i]), int(corpus.offsets[i + 1])
+        cache = target.new_cache(b - a)
+        cache.keep_features(D, layers)
+        target.forward(torch.from_numpy(corpus.tokens[a : b - 1].astype(np.int64))[None], cache, num_logits=1,
+                       prefill=False)  # decode numerics, as drafting reads them
+        features[a : b - 1] = cache.features[: b - 1 - a].half().numpy()
+        if (i + 1) % 200 == 0:
+            log(f"refeature: {i + 1}/{corpus.num_sequences} sequences, {time.perf_counter() - start:.0f} s")
+    return FeatureCorpus(corpus.tokens, corpus.offsets, corpus.answer_starts, features, layers)
 
 
 class _Sequence:
     """One answer being generated, in its own cache."""
 
-    def __init__(self, target, text: str, max_new_tokens: int, temperature: float, seed: int) -> None:
+    def __init__(self, target, text: str, max_new_tokens: int, temperature: float, seed: int,
+                 layers: tuple[int, ...] = ()) -> None:
         prompt = encode_prompt(target.tokenizer, text)
         self.text, self.prompt, self.tokens, self.temperature = text, prompt, list(prompt), temperature
         self.cache = target.new_cache(min(target.max_positions, len(prompt) + max_new_tokens + 1))
-        self.cache.keep_features(target.dim)
+        self.cache.keep_features(target.dim, layers)
         self.generator = torch.Generator().manual_seed(seed)
         self.left = max_new_tokens
 
@@ -114,9 +141,11 @@ class _Sequence:
 
 
 def generate_features(target, seconds: float, concurrent: int = 16, max_new_tokens: int = 256, seed: int = 0,
-                      log=print, max_sequences: int | None = None) -> FeatureCorpus:
-    """The target's answers to built prompts, with its features (module docstring, step 1): about
-    `seconds` of generation (or `max_sequences` answers begun), `concurrent` answers at a time."""
+                      log=print, max_sequences: int | None = None, layers: Sequence[int] = ()) -> FeatureCorpus:
+    """The target's answers to built prompts, with its features (module docstring, step 1; those of
+    `layers` too): about `seconds` of generation (or `max_sequences` answers begun), `concurrent`
+    answers at a time."""
+    layers = tuple(int(n) for n in layers)
     if seconds <= 0 or concurrent < 1 or max_new_tokens < 1:
         raise ValueError("the feature corpus needs a positive time budget, concurrency and answer length")
     start, eos = time.perf_counter(), frozenset(target.eos_token_ids)
@@ -132,7 +161,7 @@ def generate_features(target, seconds: float, concurrent: int = 16, max_new_toke
             prompt = passage_prompts(passages, 1, seed + begun)[0]
         else:
             prompt = next(seeds)[1]
-        seq = _Sequence(target, prompt, max_new_tokens, float(begun % 2), seed + begun)
+        seq = _Sequence(target, prompt, max_new_tokens, float(begun % 2), seed + begun, layers)
         begun += 1
         logits = target.forward(torch.tensor([seq.prompt]), seq.cache, num_logits=1)[0, -1]
         if seq.next_token(logits, eos):
@@ -177,7 +206,7 @@ def generate_features(target, seconds: float, concurrent: int = 16, max_new_toke
         offsets.append(offsets[-1] + n)
         features.append(s.features.numpy())
     return FeatureCorpus(np.array(tokens, dtype=np.int32), np.array(offsets, dtype=np.int64),
-                         np.array(starts, dtype=np.int64), np.concatenate(features))
+                         np.array(starts, dtype=np.int64), np.concatenate(features), layers)
 
 
 def choose_kept(corpus: FeatureCorpus, size: int, always=()) -> torch.Tensor:
@@ -221,7 +250,8 @@ def _batches(windows: list[tuple[int, int]], budget: int, rng: np.random.Generat
 
 
 class _Batches:
-    """Windows as padded tensors: embeddings of x_{t+1}, f_t, f_{t+1}, positions, mask."""
+    """Windows as padded tensors: embeddings of x_{t+1}, the target's features at t (all it kept), its
+    final-norm features f_{t+1}, positions, mask."""
 
     def __init__(self, target, corpus: FeatureCorpus) -> None:
         self.target, self.corpus = target, corpus
@@ -231,12 +261,12 @@ class _Batches:
     def make(self, windows: list[tuple[int, int]]):
         B, W, D = len(windows), max(n for _, n in windows), self.target.dim
         ids = torch.zeros(B, W, dtype=torch.long)
-        feats, nxt = torch.zeros(B, W, D), torch.zeros(B, W, D)
+        feats, nxt = torch.zeros(B, W, self.corpus.features.shape[1]), torch.zeros(B, W, D)
         pos, mask = torch.zeros(B, W, dtype=torch.long), torch.zeros(B, W, dtype=torch.bool)
         for r, (s, n) in enumerate(windows):
             ids[r, :n] = torch.from_numpy(self.corpus.tokens[s + 1 : s + 1 + n].astype(np.int64))
             f = torch.from_numpy(self.corpus.features[s : s + n + 1].astype(np.float32))
-            feats[r, :n], nxt[r, :n] = f[:n], f[1:]
+            feats[r, :n], nxt[r, :n] = f[:n], f[1:, -D:]
             pos[r, :n] = torch.arange(s - int(self.seq_start[s]), s - int(self.seq_start[s]) + n)
             mask[r, :n] = True
         embeds = self.target.embedding(ids.view(-1)).view(B, W, D).float()
@@ -249,13 +279,14 @@ def _losses(net: EagleNet, head: torch.Tensor, batch, scale: float, steps: int =
     embeds, feats, nxt, cos, sin, mask = batch
     with torch.no_grad():
         p = torch.softmax(nxt[mask] @ head.T, -1)  # [M, N]: the target's distribution over the kept tokens
-    total, inputs = 0.0, feats
+    first = net.fuse_features(feats)  # [B, W, D]
+    total, inputs = 0.0, first
     for _ in range(steps):
         pred = net(embeds, inputs, cos, sin, scale)  # [B, W, D]
         reg = F.smooth_l1_loss(pred[mask], nxt[mask])
         cls = -(p * torch.log_softmax(pred[mask] @ head.T, -1)).sum(-1).mean()
         total = total + reg + 0.1 * cls
-        inputs = torch.cat([feats[:, :1], pred[:, :-1]], dim=1)  # position t drafted from the prediction of f_t
+        inputs = torch.cat([first[:, :1], pred[:, :-1]], dim=1)  # position t drafted from the prediction of f_t
     return total / steps
 
 
@@ -279,7 +310,7 @@ def evaluate(net: EagleNet, batches: _Batches, windows, full_head: torch.Tensor,
     net.eval()
     for i in range(0, len(windows), window_batch):
         embeds, feats, nxt, cos, sin, mask = batches.make(windows[i : i + window_batch])
-        pred = net(embeds, feats, cos, sin, batches.target.attention_scale)[mask]
+        pred = net(embeds, net.fuse_features(feats), cos, sin, batches.target.attention_scale)[mask]
         a, b = first_step_scores(pred, nxt[mask], full_head, head, kept)
         agree, alpha, n = agree + a, alpha + b, n + int(mask.sum())
     net.train()
@@ -301,11 +332,14 @@ def train_eagle(target, corpus: FeatureCorpus, kept: torch.Tensor, seconds: floa
     if not train:
         raise ValueError("the feature corpus has no sequence long enough to train on")
     if init is not None:
+        if init.config.layers != corpus.layers:
+            raise ValueError(f"the draft reads layers {list(init.config.layers)}, the corpus keeps "
+                             f"{list(corpus.layers)}")
         net, kept = init.train(), init.kept_ids
     else:
         hidden = hidden or target.blocks[0]["gate_up"].out_features // 2
         net = EagleNet(EagleConfig(target.dim, target.heads, target.kv_heads, target.head_dim, hidden, target.eps,
-                                   len(kept), target.name))
+                                   len(kept), target.name, corpus.layers))
         net.kept_ids.copy_(kept)
     full_head = head_rows(target, torch.arange(target.vocab_size))  # [V, D]
     head = full_head[kept]  # [N, D]
@@ -358,21 +392,27 @@ def distill_eagle(target, out: str | Path, corpus_path: str | Path, data_seconds
                   kept: int = 2048, hidden: int | None = None, lr: float = 1e-3, seed: int = 0, log=print,
                   concurrent: int = 16, max_new_tokens: int = 256, max_sequences: int | None = None,
                   max_steps: int | None = None, init: str | Path | None = None,
-                  also: Sequence[str | Path] = ()) -> Path:
+                  also: Sequence[str | Path] = (), layers: Sequence[int] = ()) -> Path:
     """Generate (or reuse, where `corpus_path` exists) the feature corpus, train on it and the corpora
-    `also`, starting from the draft at `init` if given (its first `kept` tokens kept), save to `out`."""
+    `also`, starting from the draft at `init` if given (its first `kept` tokens kept), save to `out`.
+    `layers`: the target layers whose outputs the draft fuses with the final-norm features (EAGLE-3);
+    a corpus that lacks them gets them teacher-forced (`refeature`), kept beside it for next time."""
     start = time.perf_counter()
-    corpus_path = Path(corpus_path)
+    corpus_path, layers = Path(corpus_path), tuple(int(n) for n in layers)
+    if any(not 0 < n < len(target.blocks) for n in layers) or list(layers) != sorted(set(layers)):
+        raise ValueError(f"--feature-layers takes rising layer counts between 1 and {len(target.blocks) - 1} "
+                         f"({target.name} has {len(target.blocks)} layers), not {list(layers)}")
     if init is not None:
-        net = _resumable(load_eagle(init)[0], target, kept)
+        net = _resumable(load_eagle(init)[0], target, kept, layers)
         log(f"eagle: going on from the draft at {init} ({net.config.kept} kept tokens)")
-    more = [_load_corpus(path, target) for path in also]
+    more = [_load_corpus(path, target, layers, log) for path in also]
     if corpus_path.is_file():
-        corpus = _load_corpus(corpus_path, target)
+        corpus = _load_corpus(corpus_path, target, layers, log)
         log(f"reusing the feature corpus {corpus_path} ({corpus.num_sequences} sequences); delete it to generate "
             "a new one")
     else:
-        corpus = generate_features(target, data_seconds, concurrent, max_new_tokens, seed, log, max_sequences)
+        corpus = generate_features(target, data_seconds, concurrent, max_new_tokens, seed, log, max_sequences,
+                                   layers)
         corpus.save(corpus_path)
         log(f"feature corpus written to {corpus_path}")
     corpus = FeatureCorpus.concat([corpus, *more])
@@ -389,22 +429,42 @@ def distill_eagle(target, out: str | Path, corpus_path: str | Path, data_seconds
     return path
 
 
-def _load_corpus(path: str | Path, target) -> FeatureCorpus:
+def _load_corpus(path: str | Path, target, layers: tuple[int, ...] = (), log=print) -> FeatureCorpus:
+    """The corpus at `path` with the features of `layers`: read, or, where it keeps others, its copy
+    with them beside it (made teacher-forced the first time)."""
+    path = Path(path)
     corpus = FeatureCorpus.load(path)
-    if corpus.features.shape[1] != target.dim:
-        raise ValueError(f"the feature corpus {path} holds {corpus.features.shape[1]}-wide features, not "
-                         f"{target.name}'s {target.dim}: it was made for another model")
+    if corpus.features.shape[1] != (len(corpus.layers) + 1) * target.dim or max(corpus.layers, default=0) >= len(
+            target.blocks) or int(corpus.tokens.max()) >= target.vocab_size:
+        raise ValueError(f"the feature corpus {path} holds {corpus.features.shape[1]}-wide features of layers "
+                         f"{list(corpus.layers)}, not {target.name}'s (dim {target.dim}, {len(target.blocks)} layers, "
+                         f"{target.vocab_size} tokens): it was made for another model")
+    if corpus.layers == layers:
+        return corpus
+    twin = path.with_name(path.name.removesuffix(".npz") + "".join(f".{n}" for n in ("layers", *layers)) + ".npz")
+    if twin.is_file():
+        log(f"reusing {twin}: {path}'s sequences with the features of layers {list(layers)}")
+        return _load_corpus(twin, target, layers, log)
+    log(f"refeature: {path}'s {corpus.num_sequences} sequences, teacher-forced, for the features of layers "
+        f"{list(layers)}")
+    corpus = refeature(target, corpus, layers, log)
+    corpus.save(twin)
+    log(f"refeature: written to {twin}")
     return corpus
 
 
-def _resumable(net: EagleNet, target, kept: int) -> EagleNet:
-    """A saved draft checked against `target`, its head cut to its first (most frequent) `kept` tokens."""
+def _resumable(net: EagleNet, target, kept: int, layers: tuple[int, ...] = ()) -> EagleNet:
+    """A saved draft checked against `target`, its head cut to its first (most frequent) `kept` tokens,
+    reading the features of `layers`: a draft that read none gets them, its fuse starting as the
+    final-norm features alone (so the grown draft starts as the saved one)."""
     check_fits(net, target, "the draft to go on from")
     c = net.config
-    if kept >= c.kept:
+    if c.layers and c.layers != layers:
+        raise ValueError(f"the draft to go on from reads the features of layers {list(c.layers)}, not {list(layers)}")
+    if kept >= c.kept and c.layers == layers:
         return net
-    cut = EagleNet(replace(c, kept=kept))
-    state = net.state_dict()
+    grown = EagleNet(replace(c, kept=min(kept, c.kept), layers=layers))
+    state = {**grown.state_dict(), **net.state_dict()}
     state["kept_ids"] = state["kept_ids"][:kept]
-    cut.load_state_dict(state)
-    return cut
+    grown.load_state_dict(state)
+    return grown

@@ -2,13 +2,14 @@
 the target's own features (EAGLE, Li et al. 2024).
 
 The target keeps its final-norm output at every cached position (`NativeCache.keep_features`), which
-it computes anyway. Before a proposal the target's cache holds every context token but the newest,
-so the draft has the pairs (f_t, x_{t+1}) for every t up to the newest token: it feeds those it has
-not seen (the tokens the last iteration kept), which predicts the newest position's features, reads
-them out as q over the next token, and drafts on from its own predictions. Those speculative rows
-are dropped from its cache at the next proposal, before the real features replace them. Tokens
-outside its head's kept vocabulary get q = 0: verification stays exact (Leviathan et al. 2023,
-Algorithm 1, for any q).
+it computes anyway (and for a draft that reads them, EAGLE-3's lower features: its residual stream
+after those layers, the one-call C layers split there). Before a proposal the target's cache holds
+every context token but the newest, so the draft has the pairs (f_t, x_{t+1}) for every t up to the
+newest token: it feeds those it has not seen (the tokens the last iteration kept), which predicts
+the newest position's features, reads them out as q over the next token, and drafts on from its own
+predictions. Those speculative rows are dropped from its cache at the next proposal, before the real
+features replace them. Tokens outside its head's kept vocabulary get q = 0: verification stays exact
+(Leviathan et al. 2023, Algorithm 1, for any q).
 """
 
 from __future__ import annotations
@@ -88,6 +89,13 @@ class FeatureDraft(NativeLlama):
                                 qkv=product(net.qkv.weight), o=product(net.o.weight),
                                 gate_up=product(net.gate_up.weight), down=product(net.down.weight))]
             self.norm = net.norm.detach().float().clone()
+            self.feature_layers = c.layers  # the target layers whose outputs the draft fuses (EAGLE-3)
+            if c.layers:  # at a real pair, fuse then fc as one product: fc's feature half times fuse, whose
+                # columns take the lower layers' norm weights; their inputs are RMS-normalised, unweighted
+                D = c.dim
+                fuse = net.fuse.weight * torch.cat([net.layer_norms.reshape(-1), torch.ones(D)])[None]
+                self.fc_real = product(torch.cat([net.fc.weight[:, :D], net.fc.weight[:, D:] @ fuse], dim=1))
+                self.unit = torch.ones(D)
             self.kept_ids = net.kept_ids[:head_tokens].clone()  # [N] target ids, most frequent first
             self.head = product(head_rows(target, self.kept_ids))
         self.embedding = target.embedding
@@ -106,14 +114,28 @@ class FeatureDraft(NativeLlama):
 
     def step(self, ids: torch.Tensor, features: torch.Tensor, cache: NativeCache,
              kept: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids [T] (x_{t+1}: target ids, or with `kept` indices into kept_ids), features [T, D] (f_t)
+        """ids [T] (x_{t+1}: target ids, or with `kept` indices into kept_ids), features [T, D] (f_t: the
+        draft's own predictions) or the target's [T, (n + 1) D] (fused first: `EagleNet.fuse_features`)
         appended to `cache` -> the last row's predicted features [1, D] and its logits over the kept
         tokens [1, N]."""
         embeds = self.kept_embeddings.index_select(0, ids) if kept else self._embed(ids)
-        x = self.fc(torch.cat([embeds, features], dim=-1)) + self.fc_bias  # [T, D]
+        if features.shape[1] == self.dim:
+            x = self.fc(torch.cat([embeds, features], dim=-1)) + self.fc_bias  # [T, D]
+        else:
+            x = self.fc_real(torch.cat([embeds, *self._lower_normed(features)], dim=-1)) + self.fc_bias
         h = self._layers(None, [_Segment(cache, ids.shape[0])], inputs=x)
         f = self.kernels.rms_norm(h[-1:], self.norm, self.eps)
         return f, self.head(f)
+
+    def _lower_normed(self, features: torch.Tensor) -> list[torch.Tensor]:
+        """The target's features [T, (n + 1) D] -> the lower layers' RMS-normalised (unweighted: their
+        weights are in `fc_real`), then the final-norm ones, each [T, D]."""
+        D, n = self.dim, len(self.feature_layers)
+        if features.shape[1] != (n + 1) * D:
+            raise ValueError(f"this feature draft reads {n + 1} features of {D} a position, not "
+                             f"{features.shape[1]} values")
+        return [*(self.kernels.rms_norm(features[:, j * D : (j + 1) * D].contiguous(), self.unit, self.eps)
+                  for j in range(n)), features[:, -D:]]
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Target ids [T] -> their embeddings [T, D] float32: kept tokens' from the kept table, the rest
@@ -173,7 +195,7 @@ class EagleDrafter(BaseDrafter):
         if len(cache):
             raise ValueError("a feature draft needs the target's features from the prompt's first position: "
                              f"this cache already holds {len(cache)} positions")
-        cache.keep_features(self.draft.dim)
+        cache.keep_features(self.draft.dim, self.draft.feature_layers)
         self.target_cache = cache
 
     def reset(self, params: SamplingParams, generator: torch.Generator | None) -> None:

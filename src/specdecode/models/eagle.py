@@ -6,6 +6,11 @@ embedding of the next token x_{t+1}, and predicts f_{t+1}; the target's head, cu
 most frequent tokens (FR-Spec, arXiv 2502.14856), reads the prediction out as the draft's q over
 x_{t+2}. Drafting further feeds its own predictions back in place of f.
 
+With `layers` (EAGLE-3: Li et al. 2025, arXiv 2503.01840) the draft also reads the target's lower
+and middle features, its residual stream after those layers: at a real position, f_t is fused from
+all of them, the top one being the final-norm output.
+
+    f_t = fuse([norm(h_t^(l1)); ...; f_t])             [T, (n + 1) D] -> [T, D]   (with `layers` only)
     x = fc([embed(x_{t+1}); f_t])                      [T, 2D] -> [T, D]
     x = x + o(attend(rope(qkv(norm(x)))))              the target's heads, head size and RoPE
     x = x + down(silu(gate(norm(x))) * up(norm(x)))
@@ -36,7 +41,8 @@ FILE = "eagle.safetensors"
 @dataclass(frozen=True)
 class EagleConfig:
     """The draft's shapes: the target's dim, heads, kv_heads, head_dim and norm eps; `hidden` its
-    MLP's width; `kept` the head's tokens; `target` the name of the model it was trained on."""
+    MLP's width; `kept` the head's tokens; `target` the name of the model it was trained on; `layers`
+    the target layers whose outputs it fuses with the final-norm features (none: those alone)."""
 
     dim: int
     heads: int
@@ -46,6 +52,10 @@ class EagleConfig:
     eps: float
     kept: int
     target: str = ""
+    layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(int(n) for n in self.layers))  # a list, read from JSON
 
 
 class EagleNet(nn.Module):
@@ -63,8 +73,24 @@ class EagleNet(nn.Module):
         self.gate_up = nn.Linear(c.dim, 2 * c.hidden, bias=False)  # gate | up, as the native kernels take it
         self.down = nn.Linear(c.hidden, c.dim, bias=False)
         self.norm = nn.Parameter(torch.ones(c.dim))
+        if c.layers:  # starts as the final-norm features alone: a draft without layers, grown, is unchanged
+            self.layer_norms = nn.Parameter(torch.ones(len(c.layers), c.dim))
+            self.fuse = nn.Linear((len(c.layers) + 1) * c.dim, c.dim, bias=False)
+            with torch.no_grad():
+                self.fuse.weight.zero_()
+                self.fuse.weight[:, -c.dim:] = torch.eye(c.dim)
         # the head's tokens, target ids, most frequent first (`distill.eagle.choose_kept`)
         self.register_buffer("kept_ids", torch.zeros(c.kept, dtype=torch.long))
+
+    def fuse_features(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's features at real positions [..., (n + 1) D] (after each of `layers`, then the final
+        norm, as `NativeCache.keep_features` keeps them) -> f [..., D] (module docstring)."""
+        c = self.config
+        if not c.layers:
+            return features
+        parts = features.split(c.dim, dim=-1)
+        lower = [rms_norm(part, w, c.eps) for part, w in zip(parts[:-1], self.layer_norms)]
+        return self.fuse(torch.cat([*lower, parts[-1]], dim=-1))
 
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 scale: float) -> torch.Tensor:
@@ -102,6 +128,9 @@ def check_fits(net: EagleNet, target, subject: str, ids: torch.Tensor | None = N
     top = int((net.kept_ids if ids is None else ids).max())
     if top >= target.vocab_size:
         raise ValueError(f"{subject} names token {top}, past {target.name}'s vocabulary of {target.vocab_size}")
+    if c.layers and not all(0 < n < len(target.blocks) for n in c.layers):
+        raise ValueError(f"{subject} reads the outputs of layers {list(c.layers)}; {target.name} has "
+                         f"{len(target.blocks)}")
 
 
 def save_eagle(path: str | Path, net: EagleNet, meta: dict | None = None) -> Path:
