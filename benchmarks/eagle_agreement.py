@@ -34,8 +34,10 @@ PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench"
 CATEGORIES = ["writing", "reasoning", "coding", "translation", "summarization", "qa", "math_reasoning", "rag"]
 
 
-def answers(target, prompts: Path, per_category: int, tokens: int) -> list[tuple[str, int, list[int], torch.Tensor]]:
-    """(category, prompt length, prompt + greedy answer, the target's features [T, D]) per prompt."""
+def answers(target, prompts: Path, per_category: int, tokens: int,
+            layers: tuple[int, ...] = ()) -> list[tuple[str, int, list[int], torch.Tensor]]:
+    """(category, prompt length, prompt + greedy answer, the target's features [T, (len(layers) + 1) D]:
+    after each of `layers`, then the final norm) per prompt."""
     rows = [json.loads(line) for line in prompts.read_text().splitlines() if line.strip()]
     out = []
     for category in CATEGORIES:
@@ -45,25 +47,29 @@ def answers(target, prompts: Path, per_category: int, tokens: int) -> list[tuple
                                                        max_new_tokens=tokens) for t in s.tokens]
             seq = prompt + answer
             cache = target.new_cache(len(seq) + 1)
-            cache.keep_features(target.dim)
+            cache.keep_features(target.dim, layers)
             target.forward(torch.tensor([seq]), cache)
             out.append((category, len(prompt), seq, cache.features[: len(seq)].clone()))
     return out
 
 
 @torch.no_grad()
-def score(net, target, data, full_head: torch.Tensor, head_tokens: int) -> dict[str, tuple[float, float, int]]:
-    """category (and "overall") -> (greedy agreement, alpha, answer positions)."""
+def score(net, target, data, full_head: torch.Tensor, head_tokens: int,
+          layers: tuple[int, ...] = ()) -> dict[str, tuple[float, float, int]]:
+    """category (and "overall") -> (greedy agreement, alpha, answer positions); `data`'s features are
+    those of `layers`, then the final norm."""
+    D, parts = target.dim, [*(layers.index(n) for n in net.config.layers), len(layers)]  # the net's, in order
+    columns = torch.cat([torch.arange(j * D, (j + 1) * D) for j in parts])
     kept = net.kept_ids[:head_tokens]
     head = full_head[kept]  # [N, D]
     sums = defaultdict(lambda: [0.0, 0.0, 0])
     for category, P, seq, feats in data:
         T = len(seq) - 1  # pairs t = 0 .. T-1 predict f_{t+1}; answer tokens are x_{P} .. x_T
         embeds = target.embedding(torch.tensor(seq[1 : T + 1])).float()[None]
-        pred = net(embeds, feats[None, :T], target.cos[:T].float(), target.sin[:T].float(),
-                   target.attention_scale)[0]
+        pred = net(embeds, net.fuse_features(feats[None, :T, columns]), target.cos[:T].float(),
+                   target.sin[:T].float(), target.attention_scale)[0]
         pred = pred[P - 1 : T - 1]  # predictions of f_P .. f_{T-1}: q over x_{P+1} .. x_T
-        agree, alpha = first_step_scores(pred, feats[P:T], full_head, head, kept)
+        agree, alpha = first_step_scores(pred, feats[P:T, -D:], full_head, head, kept)
         for key in (category, "overall"):
             sums[key][0] += agree
             sums[key][1] += alpha
@@ -82,7 +88,9 @@ def main() -> int:
     args = parser.parse_args()
 
     target = load_model(None, backend="native")
-    data = answers(target, Path(args.prompts), args.per_category, args.tokens)
+    nets = {path: load_eagle(path)[0] for path in args.drafts}
+    layers = tuple(sorted({n for net in nets.values() for n in net.config.layers}))
+    data = answers(target, Path(args.prompts), args.per_category, args.tokens, layers)
     full_head = head_rows(target, torch.arange(target.vocab_size))  # [V, D]
     lines = ["# Feature drafts against the target on Spec-Bench answers, teacher-forced", "", "```",
              "python benchmarks/eagle_agreement.py " + " ".join(
@@ -94,10 +102,9 @@ def main() -> int:
              "over the answer positions.", "",
              "| draft | head tokens | overall | " + " | ".join(CATEGORIES) + " |",
              "|---|---|---|" + "---|" * len(CATEGORIES)]
-    for path in args.drafts:
-        net, _ = load_eagle(path)
+    for path, net in nets.items():
         for n in sorted({min(n, net.config.kept) for n in args.head_tokens}, reverse=True):
-            result = score(net, target, data, full_head, n)
+            result = score(net, target, data, full_head, n, layers)
             cells = [f"{result[k][0]:.3f} / {result[k][1]:.3f}" for k in ["overall", *CATEGORIES]]
             lines.append(f"| {path} | {n} | " + " | ".join(cells) + " |")
     publish(lines, args.out)
