@@ -17,11 +17,13 @@ from specdecode.bench.random_model import quantize, write_llama
 from specdecode.drafters.eagle import EagleDrafter, FeatureDraft, head_rows
 from specdecode.drafters.spec import DraftSpec
 from specdecode.lossless import accept_everything, chi2_pvalue
+from specdecode.models.base import ForwardCall
 from specdecode.models.eagle import EagleConfig, EagleNet, load_eagle, save_eagle
 
 pytest.importorskip("llama_cpp")
 
-from specdecode.distill.eagle import FeatureCorpus, _batches, choose_kept, generate_features, train_eagle  # noqa: E402
+from specdecode.distill.eagle import (FeatureCorpus, _batches, _load_corpus, _resumable, choose_kept,  # noqa: E402
+                                      distill_eagle, generate_features, refeature, train_eagle)
 from specdecode.models.native import load_native  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0)
@@ -311,8 +313,6 @@ def test_batched_requests_with_a_reused_prefix_give_plain_decoding(world):
 def layered(world):
     """The trained draft grown to read the target's residual stream after its first layer too
     (EAGLE-3's fused features), its fuse then moved off the final-norm features alone."""
-    from specdecode.distill.eagle import _resumable
-
     target, net = world[0], world[2]
     grown = _resumable(net, target, net.config.kept, (1,))
     with torch.no_grad():
@@ -337,7 +337,6 @@ def test_a_cache_keeps_the_residual_stream_after_the_layers_a_draft_reads(world,
     assert torch.equal(target.forward(ids, plain, prefill=False), target.forward(ids, tapped, prefill=False))
     assert torch.equal(tapped.features[:T, D:], plain.features[:T])
     step = torch.tensor([[5]])
-    from specdecode.models.base import ForwardCall
     both = target.forward_batch([ForwardCall(step, plain, 1), ForwardCall(step, tapped, 1)])
     assert torch.equal(both[0], both[1]) and torch.equal(tapped.features[T, D:], plain.features[T])
     monkeypatch.setattr(target, "layer_pointers", None)  # the same call, one operation at a time
@@ -355,8 +354,6 @@ def test_a_grown_draft_starts_as_it_was_and_runs_natively(world, layered):
     """Grown to read a layer, a draft's fuse passes the final-norm features alone (the same output
     as before); with its fuse moved, FeatureDraft on the C kernels computes EagleNet's network from
     the target's kept features."""
-    from specdecode.distill.eagle import _resumable
-
     target, corpus, net = world[:3]
     ids = torch.tensor(prompts(corpus, 1)[0])
     cache = target.new_cache(64)
@@ -416,10 +413,9 @@ def test_a_draft_reading_layers_keeps_greedy_output_plain_alone_and_in_a_batch(w
 @pytest.mark.slow
 def test_a_corpus_gets_the_features_of_layers_teacher_forced_once(world, tmp_path):
     """`refeature` gives the generated corpus's own final-norm features at the answers' positions (both
-    decode numerics: the same bits where rows are computed alone) and the tapped layer's beside them; the copy is written beside the corpus and read
-    back the next time; corpora of other layers do not join, a draft cannot go on reading others."""
-    from specdecode.distill.eagle import _load_corpus, _resumable, refeature
-
+    decode numerics: the same bits where rows are computed alone) and the tapped layer's beside them;
+    the copy is written beside the corpus and read back the next time; corpora of other layers do not
+    join, a draft cannot go on reading others."""
     target, corpus, net = world[:3]
     D = target.dim
     few = FeatureCorpus(corpus.tokens[:corpus.offsets[3]], corpus.offsets[:4], corpus.answer_starts[:3],
@@ -448,7 +444,6 @@ def test_a_corpus_gets_the_features_of_layers_teacher_forced_once(world, tmp_pat
         _resumable(grown, target, net.config.kept, ())
     with pytest.raises(ValueError, match="reads the outputs of layers"):
         FeatureDraft(EagleNet(replace(grown.config, layers=(2,))), target)
-    from specdecode.distill.eagle import distill_eagle
     for bad in [(2,), (0,), (1, 1)]:
         with pytest.raises(ValueError, match="rising layer counts"):
             distill_eagle(target, tmp_path / "out", tmp_path / "none.npz", 1, 1, layers=bad)

@@ -166,9 +166,10 @@ class EagleDrafter(BaseDrafter):
         there), which keeps a long prompt's first proposal cheap. `trees`: greedy drafts are the
         chain with `width` runners-up a depth (`_tree`), where the target verifies trees; the chain
         stops once its reach (the product of the draft's q along it) falls below `min_reach`.
-        Otherwise, and when sampling, chains of the length the gamma policy plans. Chains are the default: a tree's depth is drafted before the policy sizes it, and where
-        verifying more rows costs much (T(8)/T(1) 2.7 on an AVX2 CPU) the policy cuts most of what was
-        drafted (benchmarks/results/spec_bench_eagle/)."""
+        Otherwise, and when sampling, chains of the length the gamma policy plans. Chains are the
+        default: a tree's depth is drafted before the policy sizes it, and where verifying more rows
+        costs much (T(8)/T(1) 2.7 on an AVX2 CPU) the policy cuts most of what was drafted
+        (benchmarks/results/spec_bench_eagle/)."""
         self.draft = draft
         if context < 1:
             raise ValueError(f"a feature draft needs at least one pair of context, not {context}")
