@@ -134,7 +134,7 @@ def test_a_tied_table_is_held_once_and_its_lookups_are_the_files_rows(files, dty
     table = as_float(GGUFSource(files["Q4_0"]).weight("token_embd"))
     ids = torch.tensor([0, 1, 15, 16, 17, 4095, 49151])
     assert model.embedding.weight == model.head.rows  # the head's rows, not a table of its own
-    assert torch.equal(model.embedding(ids).float(), table[ids])
+    assert torch.equal(model.embedding(ids), table[ids].to(model.compute_dtype))  # bf16 where int4 runs bf16
 
 
 def _fused_and_looped(native, prefix: list[int], tokens: list[int]):
@@ -272,7 +272,9 @@ def test_gemma3_matches_llama_cpp_with_its_sliding_window(gemma3, fmt):
     and agreement >= 0.85."""
     assert resolve_backend(str(gemma3[fmt]), "auto", "cpu") == "native"
     native = load_native(gemma3[fmt], max_positions=64)
-    assert native.layer_pointers is not None and native.windows == [8, 8, 8, 8, 8, 0]
+    # the C layers where activations are float32 (auto runs an F32 file in bf16 where the CPU has bf16 units)
+    assert (native.layer_pointers is not None) == (native.compute_dtype == torch.float32)
+    assert native.windows == [8, 8, 8, 8, 8, 0]
     oracle = load_model(str(gemma3[fmt]), backend="llama.cpp", n_ctx=64)
     tokens = torch.randint(0, 49152, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     ours, theirs = _next_token_logprobs(native, tokens), _next_token_logprobs(oracle, tokens)
@@ -362,7 +364,10 @@ def test_gemma3_decodes_exactly_through_the_window_on_every_path(gemma3, path, m
 
     decoded = native.forward(torch.tensor([tokens]), native.new_cache(), prefill=False)
     prompt = native.forward(torch.tensor([tokens]), native.new_cache(), prefill=True)
-    assert (decoded - prompt).abs().max() < 1e-4  # measured 4e-6; 19 with the window left out of the prefill's mask
+    # The prefill's attention (PyTorch's) sums in another order than the C kernel's, a few 1e-7 apart; with
+    # 8-bit activations such a difference can move an activation across a rounding step. Measured: 4e-6 on
+    # avx2, 0.09 on avx512 (w4a8 both); 19 with the window left out of the prefill's mask.
+    assert (decoded - prompt).abs().max() < 0.5
 
 
 def test_gemma3_greedy_speculation_is_lossless(gemma3):

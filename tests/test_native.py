@@ -319,4 +319,7 @@ def test_logprobs_are_the_targets_own_and_the_same_with_and_without_speculation(
     tokens = [lp.token for lp in spec]
     whole = torch.log_softmax(native.forward(torch.tensor([prompt + tokens]), native.new_cache())[0].double(), -1)
     expected = whole[len(prompt) - 1 : -1].gather(1, torch.tensor(tokens)[:, None])[:, 0]
-    assert torch.allclose(torch.tensor([lp.logprob for lp in spec], dtype=torch.float64), expected, atol=1e-3)
+    # one forward prefills in other numerics (oneDNN's bf16 products where activations are bf16: measured up
+    # to 0.1 apart on avx512-int4); a row off by one position would be nats apart
+    tolerance = 1e-3 if native.compute_dtype == torch.float32 else 0.2
+    assert torch.allclose(torch.tensor([lp.logprob for lp in spec], dtype=torch.float64), expected, atol=tolerance)
