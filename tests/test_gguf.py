@@ -120,8 +120,8 @@ def test_an_architecture_the_native_backend_does_not_run_is_refused_in_one_sente
     assert bytes(data[start : start + 5]) == b"llama"
     data[start : start + 5] = b"qwen9"  # an architecture llama.cpp does not know either
     qwen.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match="native backend runs the llama, qwen2, qwen3, gemma3 architectures; "
-                                         "qwen.gguf is 'qwen9'"):
+    with pytest.raises(ValueError, match="qwen.gguf cannot run natively: the native backend runs the llama, qwen2, "
+                                         "qwen3, gemma3 architectures, not 'qwen9'"):
         load_native(qwen)
     assert resolve_backend(str(qwen), "auto", "cpu") == "llama.cpp"
     assert resolve_backend(str(files["Q8_0"]), "auto", "cpu") == "native"

@@ -36,7 +36,8 @@ SHAPES = {"135M": (30, 576, 9, 3, 1536), "360M": (32, 960, 15, 5, 2560), "1.7B":
 
 def write_llama(path: Path, layers: int = 2, dim: int = 128, heads: int = 4, kv_heads: int = 2, hidden: int = 256,
                 seed: int = 0, context: int = 512, dtype: str = "F32", architecture: str = "llama",
-                head_dim: int | None = None, window: int = 8) -> Path:
+                head_dim: int | None = None, window: int = 8, tensors: dict | None = None,
+                keys: dict | None = None) -> Path:
     """A Llama-family model of random weights as a GGUF file (tied embeddings, as SmolLM2's):
     `architecture` llama, mistral, qwen2 (with q, k, v biases), qwen3 (with q and k norms, and
     `head_dim` other than dim / heads where given) or gemma3 (q and k norms, norms of the attention's
@@ -45,7 +46,11 @@ def write_llama(path: Path, layers: int = 2, dim: int = 128, heads: int = 4, kv_
     its norms' weights stored as llama.cpp's converter stores them, 1 + w). The embeddings'
     spread (0.25; the head is tied) gives next-token distributions of a few nats' entropy: neither
     uniform nor one-hot, so that a misread weight moves them measurably (Gemma's embeddings, scaled
-    by sqrt(dim), would make the input token the prediction but for post-norms of ~3)."""
+    by sqrt(dim), would make the input token the prediction but for post-norms of ~3).
+
+    `tensors` ({name: float32 array}) and `keys` ({key: bool, int (uint32), float (float32) or str}) are
+    written besides, a key given replacing the one written by default: pieces llama.cpp reads that the
+    tests need in a file (Llama 3's `rope_freqs`, a bias, a scaling type)."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -68,6 +73,11 @@ def write_llama(path: Path, layers: int = 2, dim: int = 128, heads: int = 4, kv_
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "F32" else gguf.LlamaFileType.MOSTLY_F16)
+    for key, value in (keys or {}).items():
+        kind = {bool: gguf.GGUFValueType.BOOL, int: gguf.GGUFValueType.UINT32, float: gguf.GGUFValueType.FLOAT32,
+                str: gguf.GGUFValueType.STRING}[type(value)]
+        writer.kv_data[0].pop(key, None)  # replaced, not written twice
+        writer.add_key_value(key, value, kind)
     matrix = np.float32 if dtype == "F32" else np.float16  # the 2-d tensors' type (F16 halves a big model's file)
     _copy_tokenizer(writer, default_target_path())
 
@@ -95,6 +105,8 @@ def write_llama(path: Path, layers: int = 2, dim: int = 128, heads: int = 4, kv_
         if architecture == "gemma3":  # 3x: the layers' outputs, not the scaled embedding, lead the residual stream
             for name in ("post_attention_norm", "post_ffw_norm"):
                 writer.add_tensor(f"blk.{i}.{name}.weight", (3 + 0.3 * rng.standard_normal(dim)).astype(np.float32))
+    for name, value in (tensors or {}).items():
+        writer.add_tensor(name, np.asarray(value, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -25,7 +25,7 @@ def auto_backend(path: str | None, device: str | None = None) -> tuple[str, str]
     from .default import default_target_path
     from .draftnet import is_draftnet
     from .files import is_gguf
-    from .native.source import ARCHITECTURES, gguf_architecture
+    from .native.source import native_reading
 
     path = Path(path or default_target_path()).expanduser()
     if is_draftnet(path) or not path.exists():
@@ -34,12 +34,12 @@ def auto_backend(path: str | None, device: str | None = None) -> tuple[str, str]
 
     on_cpu = device == "cpu" or (device is None and not torch.cuda.is_available())
     if is_gguf(path):
-        architecture = gguf_architecture(path)
-        if architecture in ARCHITECTURES and on_cpu:
+        architecture, refused = native_reading(path)
+        if architecture is not None and refused is None and on_cpu:
             return "native", f"--backend auto: a {architecture} GGUF on the CPU"
         if on_cpu and _llamacpp_runs(path):
-            return "llama.cpp", (f"--backend auto: the native backend does not run the {architecture} "
-                                 f"architecture, llama.cpp does")
+            why = refused or "the native reader cannot read its header"
+            return "llama.cpp", f"--backend auto: llama.cpp, since the native backend refuses it: {why}"
         return "hf", "--backend auto"
     config = path / "config.json"
     model_type = json.loads(config.read_text()).get("model_type") if config.exists() else None

@@ -21,13 +21,19 @@ from typing import NamedTuple, Union
 import numpy as np
 import torch
 
+from .reading import LAYERS, refusal
+
 GROUP = 32  # inputs a scale covers in Q4_0, Q4_1 and Q8_0 blocks
 
 # general.architecture values the native model runs: llama (Mistral 7B's files name it too; llama.cpp's
 # converter interleaves its q and k rows for its RoPE, undone here), qwen2 (biases on q, k, v), qwen3
 # (an RMSNorm on each head's q and k before RoPE) and gemma3 (qwen3's norms, norms of the attention's
 # and the MLP's outputs too, sliding-window layers, gelu, scaled embeddings: `Hyper`)
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHITECTURES = tuple(LAYERS)
+
+
+class NativeRefusal(ValueError):
+    """A model file the native path does not compute exactly as llama.cpp does (`reading.refusal`)."""
 
 
 class Groups4(NamedTuple):
@@ -195,6 +201,14 @@ class DirectorySource:
                            context=config.get("max_position_embeddings", 4096))
         self.eos_token_id = config.get("eos_token_id")
         self._tensors = load_file(self.directory / "model.safetensors")
+        # strict reading (`reading`): every tensor is one the native model computes with (a rotary
+        # table of the default RoPE is derived from the config, so it changes nothing)
+        used = {f"model.layers.{i}.{hf}.weight" for i in range(self.hyper.layers) for hf in LAYER_TENSORS.values()}
+        used |= {f"{hf}.weight" for hf in GLOBAL_TENSORS.values()}
+        unused = sorted(n for n in self._tensors if n not in used and not n.endswith("rotary_emb.inv_freq"))
+        if unused:
+            raise NativeRefusal(f"{self.directory.name} cannot run natively: it has a tensor {unused[0]!r} that the "
+                                "native backend does not compute with (--backend hf runs it)")
 
     def tokenizer(self):
         from transformers import AutoTokenizer
@@ -324,18 +338,15 @@ class GGUFSource:
         except (ValueError, OSError, KeyError, IndexError) as e:
             raise ValueError(f"{str(self.path)!r} is not a GGUF file this reader can read: {e}") from None
         self.architecture = self._field("general.architecture")
-        if self.architecture not in ARCHITECTURES:
-            raise ValueError(f"the native backend runs the {', '.join(ARCHITECTURES)} architectures; "
-                             f"{self.path.name} is {self.architecture!r} (--backend llama.cpp runs it)")
+        why = refusal(self.architecture, self.header.fields, self.header.tensors)
+        if why:
+            raise NativeRefusal(f"{self.path.name} cannot run natively: {why} (--backend llama.cpp runs it)")
         a = self.architecture
         heads = self._field(f"{a}.attention.head_count")
         dim = self._field(f"{a}.embedding_length")
         # llama.cpp's reading: no type is linear, a factor (or the older scale_linear) divides the positions
         scaling = self._field(f"{a}.rope.scaling.type", "linear")
         factor = self._field(f"{a}.rope.scaling.factor", None) or self._field(f"{a}.rope.scale_linear", 0.0)
-        if scaling not in ("none", "linear"):
-            raise ValueError(f"the native backend supports default and linear RoPE only; {self.path.name} "
-                             f"scales it by {scaling}")
         layers = self._field(f"{a}.block_count")
         head_dim = self._field(f"{a}.attention.key_length", dim // heads)
         self.hyper = Hyper(layers=layers, heads=heads, kv_heads=self._field(f"{a}.attention.head_count_kv", heads),
@@ -508,12 +519,15 @@ def _k_quant(blocks: np.ndarray, five: bool) -> GroupsK:
                    torch.from_numpy(mn).view(N, B * 8))
 
 
-def gguf_architecture(path: str | os.PathLike) -> str | None:
-    """A GGUF file's general.architecture (None where it cannot be read)."""
+def native_reading(path: str | os.PathLike) -> tuple[str | None, str | None]:
+    """(a GGUF file's general.architecture, why the native path refuses it or None where it computes
+    all of it: `reading.refusal`); (None, None) where the file cannot be read (its loader says why)."""
     try:
-        return GGUFHeader(Path(path)).fields.get("general.architecture")
+        header = GGUFHeader(Path(path))
     except (ValueError, OSError, KeyError, IndexError):
-        return None
+        return None, None
+    architecture = header.fields.get("general.architecture")
+    return architecture, refusal(architecture, header.fields, header.tensors)
 
 
 def open_source(path: str | os.PathLike) -> DirectorySource | GGUFSource:
