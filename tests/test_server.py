@@ -178,7 +178,8 @@ BAD = [
     (chat(messages="hello"), None, 400, "invalid_type"),
     (chat(messages=[{"role": "robot", "content": "x"}]), None, 400, "invalid_value"),
     (chat(messages=[{"role": "user", "content": 5}]), None, 400, "invalid_type"),
-    (chat(messages=[{"role": "user", "content": "  "}]), None, 400, "invalid_value"),
+    (None, b'{"model": "smol", "messages": [{"role": "user", "content": "a\\ud800"}]}', 400, "invalid_value"),
+    (None, b"[" * 1000 + b"]" * 1000, 400, "invalid_json"),
     (chat(temperature=3), None, 400, "invalid_value"),
     (chat(temperature="hot"), None, 400, "invalid_type"),
     (chat(top_p=0), None, 400, "invalid_value"),
@@ -518,8 +519,9 @@ def test_create_app_takes_the_key_aliases_and_an_open_metrics_route():
     from starlette.testclient import TestClient
 
     from specdecode.server.app import create_app
+    from test_server_input import Tokenizer
 
-    engine = SimpleNamespace(target=None, in_flight=0, drafts=[], on_finish=None)
+    engine = SimpleNamespace(target=SimpleNamespace(tokenizer=Tokenizer()), in_flight=0, drafts=[], on_finish=None)
     app = create_app(engine, "a", aliases=["b"], api_key=KEY, metrics_open=True)
     with TestClient(app) as http:
         assert http.get("/metrics").status_code == 200
@@ -555,22 +557,6 @@ def test_a_temperature_below_float_range_decodes_as_its_limit_beside_others(serv
     with ThreadPoolExecutor(2) as pool:
         tiny, greedy = pool.map(lambda t: ask(temperature=t, seed=1), [1e-40, 0])
     assert greedy.choices[0].message.content == alone == tiny.choices[0].message.content
-
-
-def test_a_server_error_is_logged_with_the_id_its_body_carries(caplog):
-    from types import SimpleNamespace
-
-    from starlette.testclient import TestClient
-
-    from specdecode.server.app import create_app
-
-    engine = SimpleNamespace(target=None, in_flight=0, drafts=[], on_finish=None)
-    with TestClient(create_app(engine, "a"), raise_server_exceptions=False) as http, caplog.at_level("ERROR"):
-        reply = http.post("/v1/completions", json={"model": "a", "prompt": "hi"})  # no tokenizer: a bug, a 500
-    assert reply.status_code == 500
-    rid = re.search(r"\((err-[0-9a-f]{16})\)", reply.json()["error"]["message"]).group(1)
-    logged = [r for r in caplog.records if rid in r.getMessage()]
-    assert logged and logged[0].exc_info is not None  # with its traceback
 
 
 def test_completion_prompts_as_token_ids_and_tokenize_round_trips(server, client):
@@ -708,3 +694,47 @@ def test_tokenizer_info_names_the_special_tokens_that_tokenize_maps_to_the_model
     assert status == 200 and len(ids["tokens"]) == 1
     status, back, _ = post(base, "/detokenize", {"tokens": ids["tokens"]})
     assert status == 200 and back["prompt"] == info["eos_token"]
+
+
+def _metric(base: str, name: str) -> float:
+    """A sample of /metrics by its name with labels, as the exposition writes it (0 where absent)."""
+    with urllib.request.urlopen(base + "/metrics") as response:
+        lines = [line.rsplit(" ", 1) for line in response.read().decode().splitlines() if not line.startswith("#")]
+    return next((float(value) for key, value in lines if key == name), 0.0)
+
+
+def test_a_client_that_leaves_a_non_streamed_request_stops_it_and_max_tokens_reaches_the_window():
+    """A raw socket that sends a 2,000-token request (past the old 1,024 cap: the default now allows
+    what the context window holds) and closes, and a client that times out: each request is cancelled
+    (the engine frees its slot before its next forward), counted as 499, and generates a small part
+    of what it asked for, however fast the host."""
+    base, process = _start_server("--model-name", MODEL, "--max-batch", "2")
+    try:
+        port = int(base.rsplit(":", 1)[1])
+        left = 'specdecode_requests_total{endpoint="/v1/completions",status="499"}'
+        before = _metric(base, "specdecode_generation_tokens_total")
+        body = json.dumps({"model": MODEL, "prompt": "Count: 1, 2, 3,", "max_tokens": 2000, "temperature": 0,
+                           "specdecode": {"gamma": 0}}).encode()
+        with socket.create_connection(("127.0.0.1", port)) as raw:
+            raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            time.sleep(1.0)
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=1.0)
+        with pytest.raises(openai.APITimeoutError):
+            client.completions.create(model=MODEL, prompt="Count: 1, 2, 3,", max_tokens=2000, temperature=0,
+                                      extra_body={"specdecode": {"gamma": 0}})
+        def in_flight() -> int:
+            with urllib.request.urlopen(base + "/health") as response:
+                return json.load(response)["in_flight"]
+
+        deadline = time.monotonic() + 120  # a bound on waiting, generous: the asserts below decide
+        while (_metric(base, left) < 2 or in_flight()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _metric(base, left) == 2 and in_flight() == 0
+        generated = _metric(base, "specdecode_generation_tokens_total") - before
+        assert 0 < generated < 2000  # both stopped early: 4,000 tokens asked for
+        reply = post(base, "/v1/completions", {"model": MODEL, "prompt": "Count: 1, 2, 3,", "max_tokens": 1500,
+                                               "temperature": 0, "stop": ["10"]})
+        assert reply[0] == 200 and reply[1]["choices"][0]["finish_reason"] == "stop"
+    finally:
+        _stop(process)

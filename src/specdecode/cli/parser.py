@@ -176,9 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "dropped first (default 1024 MiB; 0: none)")
     serve.add_argument("--max-queue", type=int, default=16,
                        help="requests that may wait behind a full batch (default 16); past them, 429")
-    serve.add_argument("--max-tokens", type=int, default=1024,
-                       help="largest max_tokens a request may ask for (default 1024); a request without max_tokens "
-                            "gets min(256, this), capped at the room its prompt leaves in the context window")
+    serve.add_argument("--max-tokens", type=int, default=None,
+                       help="largest max_tokens a request may ask for (default: no cap but the room its prompt "
+                            "leaves in the context window); a request without max_tokens gets min(256, this), "
+                            "capped at that room too")
     serve.add_argument("--api-key", default=None, metavar="KEY",
                        help="require 'Authorization: Bearer KEY' on every route but /health (default: the "
                             "SPECDECODE_API_KEY environment variable, which keeps the key out of process listings)")

@@ -23,7 +23,7 @@ import uuid
 from dataclasses import replace
 from typing import Sequence
 
-from fastapi import FastAPI, Request as HTTPRequest
+from fastapi import FastAPI, Path as PathParameter, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
@@ -31,17 +31,15 @@ from ..decode import TokenLogprob
 from ..stats import Stats
 from ..text import encode_chat
 from .engine import Engine, Job
-from .schema import DETOKENIZE_BODY, TOKENIZE_BODY, chat_body, completion_body, request_body
+from .schema import (TOKENIZE_BODY, chat_body, completion_body, detokenize_body, request_body, responses,
+                     without_unsent_statuses)
 from .metrics import CLIENT_LEFT, UNMATCHED, Metrics
-from .request import Limits, Request, RequestError, parse_request
+from .request import (Limits, Request, RequestError, decode_body, parse_detokenize, parse_request,
+                      parse_tokenize)
 
 log = logging.getLogger("specdecode.server")
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", None: "stop"}
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
 
 
 def _padded(values: list, length: int) -> list:
@@ -90,6 +88,11 @@ def _fit(req: Request, prompt_tokens: int, window: int | None) -> Request:
                             f"{window} tokens; {fix}", param, "context_length_exceeded")
 
 
+def failure_id() -> str:
+    """An id for a server-side failure, in its log line and in the error body the client gets."""
+    return "err-" + uuid.uuid4().hex[:16]
+
+
 class _Gate:
     """The outermost layer: checks the API key, and counts each request by route template (every
     URL no route serves under one label) and status (499 when the client left before the end)."""
@@ -128,9 +131,17 @@ class _Gate:
                                    headers={"WWW-Authenticate": "Bearer"})(scope, receive, watch)
             else:
                 await self.app(scope, receive, watch)
-        except Exception:
-            failed = True
-            raise
+        except Exception as err:
+            if seen["status"] is not None:  # a reply already begun cannot turn into a 500: the server closes it
+                failed = True
+                raise
+            # A bug: answered as a 500 here, not re-raised, so the server keeps the client's connection
+            # (re-raised, it would drop a kept-alive connection without a word)
+            rid = failure_id()
+            log.error("500 %s on %s %s", rid, scope.get("method"), path, exc_info=err)
+            error = RequestError(500, f"internal error ({rid}): {type(err).__name__}: {err}", None, "internal_error",
+                                 type="server_error")
+            await JSONResponse(error.body(), status_code=500)(scope, receive, watch)
         finally:
             status = seen["status"] if seen["done"] else 500 if failed and seen["status"] is None else CLIENT_LEFT
             self.metrics.requests.labels(endpoint=self.label(path), status=str(status)).inc()
@@ -146,6 +157,7 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
     app = FastAPI(title="specdecode", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     metrics = Metrics(in_flight=lambda: engine.in_flight)
     target = engine.target
+    vocab = len(target.tokenizer)
     created = int(time.time())
 
     def finished(job: Job) -> None:
@@ -163,17 +175,7 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
     async def http_error(_, err: HTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code)
         return JSONResponse(RequestError(err.status_code, str(err.detail), None, code).body(),
-                            status_code=err.status_code)
-
-    @app.exception_handler(Exception)
-    async def server_error(request: HTTPRequest, err: Exception):
-        rid = failure_id()
-        log.error("500 %s on %s %s", rid, request.method, request.url.path, exc_info=err)
-        return JSONResponse(RequestError(500, f"internal error ({rid}): {type(err).__name__}: {err}", None,
-                                         "internal_error", type="server_error").body(), status_code=500)
-
-    def failure_id() -> str:
-        return "err-" + uuid.uuid4().hex[:16]
+                            status_code=err.status_code, headers=err.headers)  # a 405's Allow
 
     def generation_failed(job: Job, message: str) -> RequestError:
         """A generation that failed in the engine: logged with an id that the error body carries too."""
@@ -191,10 +193,7 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
             body += chunk
             if len(body) > max_body_bytes:
                 raise RequestError(413, f"the body is over {max_body_bytes} bytes", None, "body_too_large")
-        try:
-            return json.loads(bytes(body), parse_constant=_reject_constant)
-        except (ValueError, UnicodeDecodeError) as err:
-            raise RequestError(400, f"the body is not valid JSON: {err}", None, "invalid_json") from None
+        return decode_body(bytes(body))
 
     def encode(req) -> list[int]:
         if req.kind == "chat":
@@ -204,13 +203,18 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
                 raise RequestError(400, f"the chat template refused these messages: {err}", "messages",
                                    "invalid_value") from None
         if isinstance(req.prompt, tuple):  # token ids, as evaluation tools send them
-            size = len(target.tokenizer)
-            bad = next((t for t in req.prompt if t >= size), None)
+            bad = next((t for t in req.prompt if t >= vocab), None)
             if bad is not None:
-                raise RequestError(400, f"'prompt' holds token id {bad}; the model's vocabulary has ids 0..{size - 1}",
+                raise RequestError(400, f"'prompt' holds token id {bad}; the model's vocabulary has ids 0..{vocab - 1}",
                                    "prompt", "invalid_value")
             return list(req.prompt)
-        return target.tokenizer.encode(req.prompt, add_special_tokens=True)
+        return tokenize_text(req.prompt, True, "prompt")
+
+    def tokenize_text(text: str, special: bool, param: str) -> list[int]:
+        try:
+            return target.tokenizer.encode(text, add_special_tokens=special)
+        except Exception as err:  # whatever the tokenizer refuses is the request's problem, named
+            raise RequestError(400, f"the tokenizer cannot encode '{param}': {err}", param, "invalid_value") from None
 
     def check_model(model: str) -> None:
         """A 404 for a model id this server does not answer to."""
@@ -281,17 +285,14 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
             length += len(token_text(e.token))
         return shown
 
-    async def collect(job: Job, request: HTTPRequest, kind: str) -> dict | None:
+    async def collect(job: Job, kind: str) -> dict | None:
+        """The reply's body once its job is done; None where the client left first (`watch_client`)."""
         pieces, entries = [], []
         try:
             while True:
-                try:
-                    event, value = await asyncio.wait_for(job.events.get(), timeout=0.5)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        job.cancelled.set()
-                        return None
-                    continue
+                event, value = await job.events.get()
+                if event == "left":
+                    return None
                 if event == "piece":
                     pieces.append(value.accepted_text + value.target_text)
                     entries += value.step.logprobs or []
@@ -318,6 +319,16 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
                    "logprobs": logprobs}
                   if kind == "chat" else {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs})
         return {**envelope(kind, new_id(kind), False), "choices": [choice], "usage": usage(job)}
+
+    async def watch_client(request: HTTPRequest, jobs: list[Job]) -> None:
+        """Cancel `jobs` as soon as their client disconnects (its body read, the next message the
+        server gets for the request is the disconnect): the engine frees their slots before its next
+        forward, and `collect` answers 499."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        for job in jobs:
+            job.cancelled.set()
+            job.events.put_nowait(("left", None))
 
     async def stream(job: Job, kind: str):
         rid = new_id(kind)
@@ -366,14 +377,15 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
         if jobs[0].request.stream:
             return StreamingResponse(stream(jobs[0], kind), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        bodies = []
-        for job in jobs:  # decoded together in the engine's batch; collected in order
-            body = await collect(job, request, kind)
-            if body is None:
-                for other in jobs:
-                    other.cancelled.set()
-                return Response(status_code=CLIENT_LEFT)
-            bodies.append(body)
+        bodies, watcher = [], asyncio.create_task(watch_client(request, jobs))
+        try:
+            for job in jobs:  # decoded together in the engine's batch; collected in order
+                body = await collect(job, kind)
+                if body is None:
+                    return Response(status_code=CLIENT_LEFT)
+                bodies.append(body)
+        finally:
+            watcher.cancel()
         if len(bodies) == 1:
             return JSONResponse(bodies[0])
         # several prompts: a choice each (index = the prompt's), the token counts summed, and each
@@ -384,50 +396,46 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
         merged["usage"]["speculative"] = [b["usage"]["speculative"] for b in bodies]
         return JSONResponse(merged)
 
-    @app.post("/v1/chat/completions", openapi_extra=request_body(chat_body(limits, names)))
+    keyed = api_key is not None
+    generated = responses(400, 404, 413, 429, guarded=keyed, ok={"application/json": {"schema": {"type": "object"}},
+                                                                  "text/event-stream": {"schema": {"type": "object", "required": ["data"],
+                                                                                     "properties": {"data": {"type": "string"}}}}})
+
+    @app.post("/v1/chat/completions", openapi_extra=request_body(chat_body(limits, names, engine.drafts)),
+              responses=generated)
     async def chat_completions(request: HTTPRequest):
         return await complete(request, "chat")
 
-    @app.post("/v1/completions", openapi_extra=request_body(completion_body(limits, names)))
+    @app.post("/v1/completions", openapi_extra=request_body(completion_body(limits, names, engine.drafts, vocab)),
+              responses=generated)
     async def completions(request: HTTPRequest):
         return await complete(request, "completion")
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=responses(guarded=keyed))
     async def models():
         return {"object": "list", "data": [{"id": name, "object": "model", "created": created,
                                             "owned_by": "specdecode"} for name in names]}
 
-    @app.get("/v1/models/{model_id}")
-    async def model(model_id: str):
+    @app.get("/v1/models/{model_id}", responses=responses(404, guarded=keyed))
+    async def model(model_id: str = PathParameter(json_schema_extra={"enum": names})):
         check_model(model_id)
         return {"id": model_id, "object": "model", "created": created, "owned_by": "specdecode"}
 
-    @app.post("/tokenize", openapi_extra=request_body(TOKENIZE_BODY))
+    @app.post("/tokenize", openapi_extra=request_body(TOKENIZE_BODY), responses=responses(400, 413, guarded=keyed))
     async def tokenize(request: HTTPRequest):
         """Text -> token ids, as llama.cpp's server (`content`, `add_special`) and vLLM's (`prompt`,
         `add_special_tokens`) take it."""
-        body = await read_json(request)
-        text = body.get("content", body.get("prompt")) if isinstance(body, dict) else None
-        if not isinstance(text, str):
-            raise RequestError(400, "'content' (or 'prompt') must be a string", "content", "invalid_type")
-        special = body.get("add_special", body.get("add_special_tokens", True))
-        if not isinstance(special, bool):
-            raise RequestError(400, "'add_special' must be true or false", "add_special", "invalid_type")
-        tokens = target.tokenizer.encode(text, add_special_tokens=special)
+        text, special = parse_tokenize(await read_json(request))
+        tokens = tokenize_text(text, special, "content")
         return {"tokens": tokens, "count": len(tokens), "max_model_len": target.max_positions}
 
-    @app.post("/detokenize", openapi_extra=request_body(DETOKENIZE_BODY))
+    @app.post("/detokenize", openapi_extra=request_body(detokenize_body(vocab)),
+              responses=responses(400, 413, guarded=keyed))
     async def detokenize(request: HTTPRequest):
-        body = await read_json(request)
-        tokens = body.get("tokens") if isinstance(body, dict) else None
-        size = len(target.tokenizer)
-        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < size
-                                                   for t in tokens):
-            raise RequestError(400, f"'tokens' must be a list of token ids in 0..{size - 1}", "tokens", "invalid_value")
-        text = target.tokenizer.decode(tokens)
+        text = target.tokenizer.decode(parse_detokenize(await read_json(request), vocab))
         return {"content": text, "prompt": text}
 
-    @app.get("/tokenizer_info")
+    @app.get("/tokenizer_info", responses=responses(guarded=keyed))
     async def tokenizer_info():
         """The tokenizer's special tokens and chat template, as vLLM's server gives them (what
         lm-evaluation-harness's remote tokenizer reads beside /tokenize and /detokenize)."""
@@ -437,14 +445,16 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(), max_b
                 "chat_template": getattr(tokenizer, "chat_template", None),
                 "model_max_length": target.max_positions}
 
-    @app.get("/health")
+    @app.get("/health", responses=responses(guarded=False))
     async def health():
         return {"status": "ok", "model": model_name, "drafts": engine.drafts, "in_flight": engine.in_flight}
 
-    @app.get("/metrics")
+    @app.get("/metrics", responses=responses(guarded=keyed and not metrics_open,
+                                             ok={"text/plain": {"schema": {"type": "string"}}}))
     async def prometheus():
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
 
+    without_unsent_statuses(app)
     app.add_middleware(_Gate, metrics=metrics, routes={route.path for route in app.routes}, api_key=api_key,
                        open_paths={"/health", "/metrics"} if metrics_open else {"/health"})
     return app

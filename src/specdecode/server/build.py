@@ -51,7 +51,7 @@ class ServeOptions:
     prompt_rows: int = 256  # prompt tokens a step feeds beside decode rows (Batch's prompt_rows)
     prefix_memory: int = 1024  # MiB of recent prompts' keys and values kept for reuse (Batch's prefix_bytes)
     max_queue: int = 16
-    max_tokens: int = 1024
+    max_tokens: int | None = None  # a cap on max_tokens; None: the room the prompt leaves in the context
     api_key: str | None = None  # None: every route is open (see api_key_from_environment)
     metrics_open: bool = False
     max_body_bytes: int = 1 << 20
@@ -106,7 +106,7 @@ def build_app(options: ServeOptions, target=None) -> Served:
                     backend=options.draft_backend or options.backend, dtype=options.dtype, device=options.device,
                     threads=options.threads)
     name, *aliases = options.model_names or [Path(target.name).name.removesuffix(".gguf")]
-    limits = Limits(max_tokens=options.max_tokens, default_max_tokens=min(256, options.max_tokens),
+    limits = Limits(max_tokens=options.max_tokens, default_max_tokens=min(256, options.max_tokens or 256),
                     max_prompts=options.max_batch,
                     max_gamma=max(16, options.max_gamma))
     app = create_app(engine, name, limits, options.max_body_bytes, aliases=aliases, api_key=options.api_key,

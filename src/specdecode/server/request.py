@@ -15,8 +15,11 @@ Every problem becomes a `RequestError` carrying the HTTP status and OpenAI's err
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from ..checks import MAX_TOP_LOGPROBS, check_lenience
 from ..sampling import SamplingParams
@@ -74,7 +77,7 @@ class RequestError(Exception):
 
 @dataclass(frozen=True)
 class Limits:
-    max_tokens: int = 1024  # largest max_tokens a request may ask for
+    max_tokens: int | None = None  # largest max_tokens a request may ask for (None: the context window's room)
     default_max_tokens: int = 256  # when a request omits it (the server caps it at the room the prompt leaves)
     max_gamma: int = 16
     max_prompts: int = 16  # prompts one completions request may hold (the server's batch)
@@ -101,6 +104,60 @@ class Request:
     prompts: tuple = ()  # completions: every prompt of the request (a choice each); `prompt` is the first
 
 
+MAX_DEPTH = 64  # how deep a body's arrays and objects may nest (Python's parser recurses, ~1,000 at most)
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_SURROGATE = re.compile(rb"\\[uU][dD][89a-fA-F]|\xed[\xa0-\xbf]")  # an escaped or CESU-8 surrogate half
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def decode_body(raw: bytes) -> Any:
+    """A request body as JSON, or a 400 naming what is wrong: not JSON, nested deeper than MAX_DEPTH,
+    or text holding a lone surrogate (an unpaired \\ud800-\\udfff escape, which no UTF-8 text holds and
+    no tokenizer takes)."""
+    skeleton = np.frombuffer(_STRING.sub(b"", raw), dtype=np.uint8)  # strings gone: brackets are structure
+    steps = (np.isin(skeleton, (ord("["), ord("{"))).astype(np.int32)
+             - np.isin(skeleton, (ord("]"), ord("}"))).astype(np.int32))
+    depth = int(np.cumsum(steps).max()) if steps.size else 0
+    if depth > MAX_DEPTH:
+        raise _bad(f"the body nests arrays and objects {depth} levels deep; at most {MAX_DEPTH} are accepted",
+                   None, "invalid_json")
+    try:
+        body = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        raise _bad(f"the body is not valid JSON: {err}", None, "invalid_json") from None
+    if _SURROGATE.search(raw):
+        where = _lone_surrogate(body, "")
+        if where is not None:
+            raise _bad(f"'{where or 'the body'}' holds a lone surrogate (an unpaired \\ud800-\\udfff escape): "
+                       "text must be valid Unicode", where or None, "invalid_value")
+    return body
+
+
+def _lone_surrogate(value: Any, path: str) -> str | None:
+    """The path of the first string (or key) in `value` that is not valid Unicode; None where none is."""
+    def bad(text: str) -> bool:
+        try:
+            text.encode("utf-8")
+            return False
+        except UnicodeEncodeError:
+            return True
+
+    if isinstance(value, str):
+        return path if bad(value) else None
+    items = (value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ())
+    for key, item in items:
+        where = f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else key)
+        if isinstance(key, str) and bad(key):
+            return path or "the body"
+        found = _lone_surrogate(item, where)
+        if found is not None:
+            return found
+    return None
+
+
 def _bad(message: str, param: str | None, code: str | None = None) -> RequestError:
     return RequestError(400, message, param, code)
 
@@ -117,10 +174,17 @@ def _number(body: dict, name: str, default: float, low: float, high: float, low_
     return float(value)
 
 
-def _integer(value: Any, name: str, low: int, high: int | None) -> int:
+def whole(value: Any) -> Any:
+    """A JSON number with no fractional part as an int (JSON Schema's integers include 1.0, and some
+    clients send them so); anything else as it is."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _integer(value: Any, name: str, low: int | None, high: int | None) -> int:
+    value = whole(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise _bad(f"'{name}' must be an integer, got {type(value).__name__}", name, "invalid_type")
-    if value < low or (high is not None and value > high):
+    if (low is not None and value < low) or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise _bad(f"'{name}' must be {bound}, got {value}", name, "invalid_value")
     return value
@@ -156,10 +220,10 @@ def _messages(body: dict) -> tuple[dict, ...]:
         unknown = set(message) - {"role", "content", "name"}
         if unknown:
             raise _bad(f"'{param}' has unsupported fields: {', '.join(sorted(unknown))}", param, "unsupported")
+        if "name" in message and not isinstance(message["name"], str):
+            raise _bad(f"'{param}.name' must be a string", f"{param}.name", "invalid_type")
         out.append({"role": "system" if role == "developer" else role,
                     "content": _text(message.get("content"), f"{param}.content")})
-    if not any(m["content"].strip() for m in out):
-        raise _bad("every message is empty", "messages", "invalid_value")
     return tuple(out)
 
 
@@ -168,12 +232,13 @@ def _one_prompt(prompt: Any, param: str) -> str | tuple[int, ...]:
     if isinstance(prompt, list):
         if not prompt:
             raise _bad(f"'{param}' is an empty list of token ids", param, "invalid_value")
+        prompt = [whole(t) for t in prompt]
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
             raise _bad(f"'{param}' must be a string or a list of token ids (integers >= 0)", param, "invalid_type")
         return tuple(prompt)
     if not isinstance(prompt, str):
         raise _bad(f"'{param}' must be a string or a list of token ids", param, "invalid_type")
-    if not prompt.strip():
+    if not prompt:
         raise _bad(f"'{param}' is empty", param, "invalid_value")
     return prompt
 
@@ -247,7 +312,7 @@ def _extension(body: dict, limits: Limits) -> dict:
             raise _bad(f"'{EXTENSION}.draft' must be a drafter name", f"{EXTENSION}.draft", "invalid_type")
         out["draft"] = ext["draft"]
     if ext.get("gamma") is not None:
-        gamma = ext["gamma"]
+        gamma = whole(ext["gamma"])
         if gamma != "auto" and (isinstance(gamma, bool) or not isinstance(gamma, int)
                                 or not 0 <= gamma <= limits.max_gamma):
             raise _bad(f"'{EXTENSION}.gamma' must be an integer in [0, {limits.max_gamma}] or \"auto\", got {gamma!r}",
@@ -283,18 +348,17 @@ def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
     n = body.get("n", 1)
     if n is not None and (n != 1 or isinstance(n, bool)):
         raise _bad(f"only n = 1 is supported, got {n!r}", "n", "unsupported_value")
-    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = body.get(name)
-    if max_tokens is None:
-        max_tokens, name = limits.default_max_tokens, None
-    else:
-        max_tokens = _integer(max_tokens, name, 1, limits.max_tokens)
+    asked = {name: _integer(body[name], name, 1, limits.max_tokens)  # each one sent is checked
+             for name in ("max_tokens", "max_completion_tokens") if body.get(name) is not None}
+    name = next(iter(sorted(asked, key=len, reverse=True)), None)  # max_completion_tokens wins, as OpenAI's
+    max_tokens = asked[name] if name else limits.default_max_tokens
     stream = body.get("stream", False)
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
         raise _bad("'stream' must be a boolean", "stream", "invalid_type")
-    options = body.get("stream_options") or {}
+    options = body.get("stream_options")
+    options = {} if options is None else options
     if not isinstance(options, dict):
         raise _bad("'stream_options' must be an object", "stream_options", "invalid_type")
     include_usage = options.get("include_usage", False)
@@ -304,7 +368,7 @@ def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
         raise _bad("'stream_options.include_usage' must be a boolean", "stream_options.include_usage", "invalid_type")
     seed = body.get("seed")
     if seed is not None:
-        seed = _integer(seed, "seed", -(2**63), 2**63 - 1) % 2**63  # torch seeds are unsigned
+        seed = _integer(seed, "seed", None, None) % 2**63  # any integer, as a torch seed (unsigned)
     ext = _extension(body, limits)
     prompts = _prompts(body, limits.max_prompts) if kind == "completion" else ()
     if len(prompts) > 1 and stream:
@@ -321,3 +385,42 @@ def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
         draft=ext.get("draft"), gamma=ext.get("gamma"), lenience=ext.get("lenience", 1.0),
         logprobs=_logprobs(body, kind), echo=_echo(body, stream),
     )
+
+
+TOKENIZE_FIELDS = {"content", "prompt", "add_special", "add_special_tokens"}
+
+
+def _only(body: Any, fields: set[str]) -> dict:
+    if not isinstance(body, dict):
+        raise _bad("the request body must be a JSON object", None, "invalid_type")
+    unknown = sorted(set(body) - fields)
+    if unknown:
+        raise _bad(f"unknown field(s): {', '.join(unknown)}; known: {', '.join(sorted(fields))}", unknown[0],
+                   "unknown_parameter")
+    return body
+
+
+def parse_tokenize(body: Any) -> tuple[str, bool]:
+    """/tokenize's body as llama.cpp's server (`content`, `add_special`) and vLLM's (`prompt`,
+    `add_special_tokens`) take it -> (text, whether to add the special tokens)."""
+    body = _only(body, TOKENIZE_FIELDS)
+    for name in ("content", "prompt"):
+        if name in body and not isinstance(body[name], str):
+            raise _bad(f"'{name}' must be a string", name, "invalid_type")
+    text = body.get("content", body.get("prompt"))
+    if text is None:
+        raise _bad("'content' (or 'prompt') is required", "content", "missing_required_parameter")
+    for name in ("add_special", "add_special_tokens"):
+        if name in body and not isinstance(body[name], bool):
+            raise _bad(f"'{name}' must be true or false", name, "invalid_type")
+    return text, body.get("add_special", body.get("add_special_tokens", True))
+
+
+def parse_detokenize(body: Any, vocab: int) -> list[int]:
+    """/detokenize's body -> its token ids, each in 0..vocab - 1."""
+    tokens = _only(body, {"tokens"}).get("tokens")
+    tokens = [whole(t) for t in tokens] if isinstance(tokens, list) else tokens
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
+                                               for t in tokens):
+        raise _bad(f"'tokens' must be a list of token ids in 0..{vocab - 1}", "tokens", "invalid_value")
+    return tokens

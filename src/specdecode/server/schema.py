@@ -11,64 +11,128 @@ from .request import EXTENSION, ROLES, Limits
 
 _TEXT_PART = {"type": "object", "required": ["type", "text"],
               "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
-_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
+
+
+def _ids(vocab: int, least: int = 1) -> dict:
+    """A list of token ids of a vocabulary of `vocab` tokens."""
+    return {"type": "array", "minItems": least, "items": {"type": "integer", "minimum": 0, "maximum": vocab - 1}}
+
+
+def _nullable(schema: dict) -> dict:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
 _STOP = {"anyOf": [{"type": "string", "minLength": 1},
                    {"type": "array", "maxItems": 4, "items": {"type": "string", "minLength": 1}}, {"type": "null"}]}
 
 
-def _common(limits: Limits, names: list[str]) -> dict:
-    """The fields chat and completions requests share (`names`: the model ids the server answers to)."""
+def _max_tokens(limits: Limits) -> dict:
+    cap = {} if limits.max_tokens is None else {"maximum": limits.max_tokens}
+    return {"type": "integer", "minimum": 1, **cap}
+
+
+def _common(limits: Limits, names: list[str], drafts: list[str]) -> dict:
+    """The fields chat and completions requests share (`names`: the model ids the server answers to;
+    `drafts`: the drafters a request may name)."""
     return {
         "model": {"enum": list(names)},
-        "max_tokens": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": limits.max_tokens}, {"type": "null"}]},
+        "max_tokens": {"anyOf": [_max_tokens(limits), {"type": "null"}]},
         "temperature": {"anyOf": [{"type": "number", "minimum": 0, "maximum": 2}, {"type": "null"}]},
         "top_p": {"anyOf": [{"type": "number", "exclusiveMinimum": 0, "maximum": 1}, {"type": "null"}]},
         "stop": _STOP,
-        "seed": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+        "seed": _nullable({"type": "integer"}),
         "stream": {"anyOf": [{"type": "boolean"}, {"type": "null"}]},
-        "stream_options": {"anyOf": [{"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
-                                     {"type": "null"}]},
+        "stream_options": _nullable({"type": "object", "properties": {"include_usage": _nullable({"type": "boolean"})}}),
         "n": {"anyOf": [{"const": 1}, {"type": "null"}]},
-        EXTENSION: {"anyOf": [{"type": "object", "properties": {
-            "draft": {"type": "string"},
-            "gamma": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": limits.max_gamma}, {"const": "auto"}]},
-            "top_k": {"type": "integer", "minimum": 0},
-            "lenience": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}}}, {"type": "null"}]},
+        EXTENSION: _nullable({"type": "object", "additionalProperties": False, "properties": {
+            "draft": _nullable({"enum": list(drafts)}),
+            "gamma": _nullable({"anyOf": [{"type": "integer", "minimum": 0, "maximum": limits.max_gamma},
+                                          {"const": "auto"}]}),
+            "top_k": _nullable({"type": "integer", "minimum": 0}),
+            "lenience": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1})}}),
     }
 
 
-def chat_body(limits: Limits, names: list[str]) -> dict:
+def chat_body(limits: Limits, names: list[str], drafts: list[str]) -> dict:
     message = {"type": "object", "required": ["role", "content"], "additionalProperties": False, "properties": {
         "role": {"enum": list(ROLES)},
         "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]},
         "name": {"type": "string"}}}
     return {"type": "object", "required": ["model", "messages"], "additionalProperties": False, "properties": {
-        **_common(limits, names),
+        **_common(limits, names, drafts),
         "messages": {"type": "array", "minItems": 1, "items": message},
-        "max_completion_tokens": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": limits.max_tokens},
-                                            {"type": "null"}]},
+        "max_completion_tokens": {"anyOf": [_max_tokens(limits), {"type": "null"}]},
         "logprobs": {"anyOf": [{"type": "boolean"}, {"type": "null"}]},
         "top_logprobs": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS}, {"type": "null"}]},
-    }}
+    }, "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer", "minimum": 1}}},
+        "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}  # alternatives need logprobs
 
 
-def completion_body(limits: Limits, names: list[str]) -> dict:
-    one = {"anyOf": [{"type": "string", "minLength": 1}, _IDS]}
+def completion_body(limits: Limits, names: list[str], drafts: list[str], vocab: int) -> dict:
+    one = {"anyOf": [{"type": "string", "minLength": 1}, _ids(vocab)]}
     return {"type": "object", "required": ["model", "prompt"], "additionalProperties": False, "properties": {
-        **_common(limits, names),
+        **_common(limits, names, drafts),
         "prompt": {"anyOf": [one, {"type": "array", "minItems": 1, "maxItems": limits.max_prompts, "items": one}]},
         "logprobs": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS}, {"type": "null"}]},
         "echo": {"anyOf": [{"type": "boolean"}, {"type": "null"}]},
-    }}
+    }, "if": {"required": ["stream"], "properties": {"stream": {"const": True}}},  # a stream: no echo, one prompt
+        "then": {"properties": {"echo": {"not": {"const": True}},
+                                "prompt": {"not": {"type": "array", "minItems": 2,
+                                                   "items": {"type": ["string", "array"]}}}}}}
 
 
-TOKENIZE_BODY = {"type": "object", "additionalProperties": False, "properties": {
-    "content": {"type": "string"}, "prompt": {"type": "string"},
-    "add_special": {"type": "boolean"}, "add_special_tokens": {"type": "boolean"}}}
-DETOKENIZE_BODY = {"type": "object", "required": ["tokens"], "additionalProperties": False, "properties": {
-    "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}}}}
+TOKENIZE_BODY = {"type": "object", "additionalProperties": False, "anyOf": [{"required": ["content"]},
+                                                                             {"required": ["prompt"]}],
+                 "properties": {"content": {"type": "string"}, "prompt": {"type": "string"},
+                                "add_special": {"type": "boolean"}, "add_special_tokens": {"type": "boolean"}}}
+
+
+def detokenize_body(vocab: int) -> dict:
+    return {"type": "object", "required": ["tokens"], "additionalProperties": False,
+            "properties": {"tokens": _ids(vocab, least=0)}}
 
 
 def request_body(schema: dict) -> dict:
     """A route's `openapi_extra`: its JSON request body."""
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+# OpenAI's error body, which every refusal and failure carries (`request.RequestError`)
+ERROR_BODY = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type", "param", "code"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"},
+        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+_WHY = {400: "the request is not valid (the message names the field)", 401: "no valid API key",
+        404: "no such model", 413: "the body is too large", 429: "the queue is full (see Retry-After)",
+        500: "a server bug (its id is in the log)"}
+
+
+def responses(*statuses: int, ok: dict | None = None, guarded: bool = True) -> dict:
+    """A route's documented answers (FastAPI's `responses`): `ok` the 200's content where it is not
+    plain JSON, each error status with OpenAI's error body, a 401 where an API key guards the route,
+    and a 500 everywhere."""
+    documented = {status: {"description": _WHY[status], "content": {"application/json": {"schema": ERROR_BODY}}}
+                  for status in sorted({*statuses, 500} | ({401} if guarded else set()))}
+    if ok is not None:
+        documented[200] = {"description": "OK", "content": ok}
+    return documented
+
+
+def without_unsent_statuses(app) -> None:
+    """FastAPI documents a 422 for every route with parameters; this server never sends one (its own
+    checks answer 400), so its description leaves them out."""
+    from fastapi.openapi.utils import get_openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            for path in schema["paths"].values():
+                for operation in path.values():
+                    operation.get("responses", {}).pop("422", None)
+            components = schema.get("components", {}).get("schemas", {})
+            for name in ("HTTPValidationError", "ValidationError"):
+                components.pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
