@@ -71,12 +71,13 @@ def test_estimates_follow_what_is_observed():
     assert policy.alpha < 0.01 and policy.step_seconds == pytest.approx(0.02)
     assert policy.cost_ratio == pytest.approx(0.05, rel=0.01)
     assert policy.choose(10) == 0
-    # probes cost at most shadow_budget (0.02) of a step on average: every ceil(c / 0.02) iterations
-    assert [policy.shadow() for _ in range(30)].count(True) == 10  # c = 0.05: every third
-    policy.cost_ratio = 0.01  # as cheap as prompt lookup: every iteration
+    # probes cost at most shadow_budget (0.01) of a step on average: every ceil(c / 0.01) iterations
+    policy.cost_ratio = 0.045
+    assert [policy.shadow() for _ in range(30)].count(True) == 6  # c = 0.045: every fifth
+    policy.cost_ratio = 0.005  # as cheap as prompt lookup: every iteration
     assert all(policy.shadow() for _ in range(10))
-    policy.cost_ratio = 0.5  # a costly drafter is scored only every probe_every iterations
-    assert [policy.shadow() for _ in range(32)].count(True) == 2
+    policy.cost_ratio = 0.5  # a costly drafter (a draft model) is scored every 50th iteration: 1% of a step
+    assert [policy.shadow() for _ in range(150)].count(True) == 3
 
 
 def test_speculation_switches_off_when_it_cannot_win_and_back_on_when_it_can():
@@ -188,8 +189,8 @@ def test_fresh_keeps_the_cost_model_and_resets_the_estimates():
     fresh = template.fresh()
     assert (fresh.alpha, fresh.cost_ratio, fresh.step_seconds) == (0.6, 0.05, None)
     assert template.alpha != 0.6
-    for name in ("verify_ratios", "max_gamma", "decay", "position_cost", "profile_context", "probe_every",
-                 "shadow_budget"):
+    for name in ("verify_ratios", "max_gamma", "decay", "position_cost", "profile_context", "shadow_budget",
+                 "_measured_step"):
         assert getattr(fresh, name) == getattr(template, name)
     assert [fresh.verify_cost(k) for k in range(1, 6)] == [template.verify_cost(k) for k in range(1, 6)]
 
@@ -235,5 +236,23 @@ def test_a_drafter_with_two_sources_gets_a_policy_for_each():
             proposed[source].append(len(step.proposed))
     assert out == expected
     right, wrong = decoding.policies["right"], decoding.policies["wrong"]
-    assert right.alpha > 0.8 and wrong.alpha < 0.3
+    # the wrong source is priced from its first drafting call on, so it stops after few samples: below the prior
+    assert right.alpha > 0.8 and wrong.alpha < 0.4
     assert max(proposed["right"]) == 4 and 4 * sum(proposed["wrong"]) < sum(proposed["right"])
+
+
+def test_a_draft_that_costs_more_than_it_brings_stops_after_one_call_and_is_probed_within_the_budget():
+    """With T(1) known beforehand (the profile's), the first drafting call prices the draft: one
+    that costs 0.8 of a target step at a prior acceptance of 0.5 is off from the next call on, and
+    its probes then cost at most 2% of a step on average."""
+    clock = SimulatedClock()
+    target = ToyModel(6, seed=31, delay=0.010, clock=clock)
+    draft = ToyModel(6, seed=33, delay=0.008, clock=clock)  # as slow as 0.8 of the target, and unrelated
+    policy = AdaptiveGamma([0.0, 1.0, 1.02, 1.17, 1.42, 1.85, 2.3, 2.8, 3.3, 3.8], step_seconds=0.010)
+    steps = list(speculative_decode(target, ModelDrafter(draft), [0], gamma=policy,
+                                    params=SamplingParams(temperature=0), max_new_tokens=120, clock=clock))
+    drafting = [i for i, s in enumerate(steps) if s.proposed]
+    assert drafting == [1]  # the call after the prefill, at the prior; then never again
+    assert policy.cost_ratio > 0.5
+    spent = sum(s.draft_seconds for s in steps) / sum(s.target_seconds for s in steps)
+    assert spent < 0.1  # the one drafting call and the probes (without the rule: every 16th call, ~6% alone)

@@ -102,7 +102,8 @@ def as_policy(gamma: "int | str | GammaPolicy", target=None, max_gamma: int = 8)
 
         profile = profile_model(target)
         return AdaptiveGamma(profile.verify_ratios, max_gamma=max_gamma, profile_context=profile.context,
-                             position_cost=profile.row_position_seconds / profile.step_seconds)
+                             position_cost=profile.row_position_seconds / profile.step_seconds,
+                             step_seconds=profile.step_seconds)
     return FixedGamma(gamma)
 
 
@@ -117,13 +118,16 @@ class AdaptiveGamma:
     e = position_cost (L - profile_context), so long prompts verify fewer rows. The decode loop sets
     `context_length` before each plan.
     decay: weight of the past in the exponential moving averages (per observed position).
+    step_seconds: T(1) as measured beforehand (the profile's), so that the first drafting call
+    already prices the draft: the first cost observed replaces the prior cost, and a draft that
+    costs more than it brings stops after one call, not after the average has crept up to it.
     """
 
     sizes_trees = True
 
     def __init__(self, verify_ratios: Sequence[float], max_gamma: int = 8, prior_alpha: float = 0.5,
-                 prior_cost: float = 0.0, decay: float = 0.9, shadow_budget: float = 0.02,
-                 probe_every: int = 16, position_cost: float = 0.0, profile_context: int = 256) -> None:
+                 prior_cost: float = 0.0, decay: float = 0.9, shadow_budget: float = 0.01,
+                 position_cost: float = 0.0, profile_context: int = 256, step_seconds: float | None = None) -> None:
         if max_gamma < 1:
             raise ValueError(f"max_gamma must be >= 1, got {max_gamma}")
         if not (0.0 <= prior_alpha <= 1.0):
@@ -140,10 +144,11 @@ class AdaptiveGamma:
         self.cost_ratio = prior_cost
         self.decay = decay
         self.shadow_budget = shadow_budget
-        self.probe_every = probe_every
         self._since_shadow = 0
         self._iterations = 0
-        self.step_seconds: float | None = None  # running estimate of T(1)
+        self._measured_step = step_seconds
+        self.step_seconds: float | None = step_seconds  # running estimate of T(1)
+        self._cost_seen = False  # whether a drafting call has priced the draft yet
         # draft trees: how the drafter's estimates of reaching its nodes compare with what the target
         # accepted (running sums; the prior says half)
         self._tree_accepted, self._tree_predicted = 1.0, 2.0
@@ -155,8 +160,8 @@ class AdaptiveGamma:
         """The same cost model (curve, bounds, priors) with its running estimates back at the priors:
         one for each new request, from a target's measured template."""
         return AdaptiveGamma(self.verify_ratios, self.max_gamma, *self._priors, decay=self.decay,
-                             shadow_budget=self.shadow_budget, probe_every=self.probe_every,
-                             position_cost=self.position_cost, profile_context=self.profile_context)
+                             shadow_budget=self.shadow_budget, position_cost=self.position_cost,
+                             profile_context=self.profile_context, step_seconds=self._measured_step)
 
     def verify_cost(self, k: int) -> float:
         """T(k)/T(1) at the current context length."""
@@ -198,12 +203,12 @@ class AdaptiveGamma:
 
     def shadow(self) -> bool:
         """Whether to score the drafter while speculation is off. A probe costs c (`cost_ratio`) of a
-        step and buys one fresh sample of alpha, so the drafter is probed every ceil(c /
-        shadow_budget) iterations (every one for a drafter as cheap as prompt lookup) and at least
-        every `probe_every`: the probes cost at most `shadow_budget` of a step on average (c /
-        probe_every for a costlier drafter), and a stale estimate of alpha or c still recovers."""
+        step, catching up on the tokens since the last one included, and buys one fresh sample of
+        alpha, so the drafter is probed every ceil(c / shadow_budget) iterations: every one for a
+        drafter as cheap as prompt lookup, rarely for a draft model, and the probes never cost more
+        than `shadow_budget` of a step on average, so a draft that does not pay costs next to nothing."""
         self._since_shadow += 1
-        if self._since_shadow * self.shadow_budget >= self.cost_ratio or self._since_shadow >= self.probe_every:
+        if self._since_shadow * self.shadow_budget >= self.cost_ratio:
             self._since_shadow = 0
             return True
         return False
@@ -213,13 +218,13 @@ class AdaptiveGamma:
         for beta in betas:
             self.alpha = self.decay * self.alpha + (1 - self.decay) * beta
         self._iterations += 1
-        if self._iterations == 1:  # the first call after the prefill still pays warm-up costs: not a typical step
-            return
-        step = target_seconds / self.verify_cost(verified)  # this call, in units of one-token steps
-        self.step_seconds = step if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * step
-        if drafted:
+        if self._iterations > 1:  # the first call after the prefill still pays warm-up costs: not a typical step
+            step = target_seconds / self.verify_cost(verified)  # this call, in units of one-token steps
+            self.step_seconds = step if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * step
+        if drafted and self.step_seconds is not None:
             c = draft_seconds / drafted / self.step_seconds
-            self.cost_ratio = 0.8 * self.cost_ratio + 0.2 * c
+            self.cost_ratio = 0.8 * self.cost_ratio + 0.2 * c if self._cost_seen else c
+            self._cost_seen = True
 
 
 def draft_lengths(policies: Sequence[GammaPolicy], rooms: Sequence[int], verify_cost,

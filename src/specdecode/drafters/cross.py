@@ -152,14 +152,21 @@ class DraftContext:
     the whole text otherwise, its guesses are only less likely accepted: verification stays exact."""
 
     REREAD = 16  # characters before the old end from which the text is tokenised again
+    # Past CATCH_UP unseen draft tokens (speculation was off for a while: the policy only probes the
+    # draft now and then), the cache starts again from the last WINDOW: a probe then costs a short
+    # prefill, not one as long as the stretch since the last probe, so probing a draft that does
+    # not pay stays within its budget. The draft conditions on less text there; q is still the
+    # distribution its tokens are drawn from, so verification stays exact.
+    CATCH_UP, WINDOW = 48, 32
 
     def __init__(self, model: Model, vmap: VocabMap) -> None:
         self.model, self.target_bytes = model, vmap.target_bytes
         self.cache = None
         self.fed: list[int] = []  # the draft ids the cache holds, in order
+        self.start = 0  # where in the context's draft ids the cache begins
 
     def reset(self) -> None:
-        self.cache, self.fed = self.model.new_cache(), []
+        self.cache, self.fed, self.start = self.model.new_cache(), [], 0
         self.reset_text()
 
     def draft_ids(self, context: Sequence[int]) -> list[int]:
@@ -199,15 +206,19 @@ class DraftContext:
         ids = self.draft_ids(context)
         if not ids:
             ids = [self.model.tokenizer.eos_token_id or 0]  # an empty context: start from a neutral token
+        if self.start >= len(ids):
+            self.start = 0
         keep = 0
-        for held, new in zip(self.fed, ids):
+        for held, new in zip(self.fed, ids[self.start:]):
             if held != new:
                 break
             keep += 1
-        keep = min(keep, len(ids) - 1)  # feed at least one token: its logits are the next distribution
-        self.cache.trim(len(self.fed) - keep)
-        self.fed = ids[:]
-        return self.feed(ids[keep:])
+        if len(ids) - self.start - keep > self.CATCH_UP:  # a long stretch unseen: start again near its end
+            keep, self.start = 0, len(ids) - self.WINDOW
+        keep = min(keep, len(ids) - self.start - 1)  # feed at least one token: its logits are the next distribution
+        self.cache.trim(len(self.cache) - keep)
+        self.fed = ids[self.start:]
+        return self.feed(self.fed[keep:])
 
     def feed(self, ids: Sequence[int]) -> torch.Tensor:
         """Append draft ids (already in `fed` or added here by the caller) -> logits [1, V] after them."""
