@@ -12,7 +12,8 @@ from conftest import run_cli
 from scipy.stats import chisquare
 
 from specdecode import SamplingParams, speculative_decode
-from specdecode.drafters.cross import CrossVocabDrafter, SharedVocabDrafter, TextDrafter, VocabMap, token_bytes
+from specdecode.drafters.cross import (CrossVocabDrafter, DraftContext, SharedVocabDrafter, TextDrafter, VocabMap,
+                                      token_bytes)
 from specdecode.drafters.spec import DraftSpec, make_drafter, model_drafter
 from specdecode.lossless import ToyModel, chi2_pvalue, greedy_identity, statistical_checks, toy_world
 
@@ -164,7 +165,8 @@ def test_a_registered_drafter_is_found_by_name(monkeypatch):
                         else [])
     assert DraftSpec("copy-context").is_user and DraftSpec("copy-context").model_path is None
     assert isinstance(make_drafter("copy-context", toy_world().target), PromptLookupDrafter)
-    assert not DraftSpec("no-such-drafter").is_user  # a path then, refused as one when loaded
+    with pytest.raises(ValueError, match="no drafter has that name"):  # a path then, refused as one at once
+        DraftSpec("no-such-drafter")
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -262,8 +264,6 @@ def test_the_draft_reads_a_growing_context_as_a_whole_tokenisation_would():
     of the context, re-read only near its end, equal its tokenizer's over the whole text."""
     from types import SimpleNamespace
 
-    from specdecode.drafters.cross import DraftContext
-
     tok = embedded_tokenizer()
     text = ("Le café de la gare — où l'on sert des crêpes — ouvre à 7 h. " * 6 + "def f(x):\n    return x ** 2\n") * 3
     ids = tok.encode(text, add_special_tokens=False)
@@ -277,12 +277,35 @@ def test_the_draft_reads_a_growing_context_as_a_whole_tokenisation_would():
     assert agree >= 0.95 * len(ids)
 
 
-def test_a_draft_with_another_vocabulary_drafts_text_when_greedy_and_shared_tokens_when_sampling():
+def test_a_draft_with_another_vocabulary_drafts_text_when_greedy_and_shared_tokens_when_sampling(tmp_path):
     world = toy_world()
     drafter = by_sampling(world)
     drafter.reset(SamplingParams(temperature=0), None)
     assert drafter.active is drafter.text and drafter.propose([0, 1], 3).probs is None
     drafter.reset(SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
     assert drafter.active is drafter.shared and drafter.propose([0, 1], 3).probs is not None
-    assert isinstance(model_drafter(DraftSpec("draft.gguf"), world.target, world.other_vocab_draft), CrossVocabDrafter)
-    assert isinstance(model_drafter(DraftSpec("text:draft.gguf"), world.target, world.other_vocab_draft), TextDrafter)
+    path = tmp_path / "draft.gguf"  # a spec names a file that is there (the model is the loaded one)
+    path.touch()
+    assert isinstance(model_drafter(DraftSpec(str(path)), world.target, world.other_vocab_draft), CrossVocabDrafter)
+    assert isinstance(model_drafter(DraftSpec(f"text:{path}"), world.target, world.other_vocab_draft), TextDrafter)
+
+
+def test_a_draft_with_another_vocabulary_catches_up_a_long_stretch_from_its_last_window():
+    """After a long stretch unseen (speculation off), the draft context feeds only its last WINDOW
+    draft ids into a fresh cache: its logits are the model's over those ids alone, and a short step
+    after that goes on from them (not from the whole text again)."""
+    world = toy_world()
+    draft = world.other_vocab_draft
+    context = DraftContext(draft, VocabMap.between(world.target, draft))
+    context.reset()
+    rng = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, 8, (200,), generator=rng).tolist()
+    context.logits(tokens[:10])
+    assert context.start == 0
+    logits = context.logits(tokens)  # far more than CATCH_UP new draft ids at once
+    ids = context.draft_ids(tokens)
+    assert context.start == len(ids) - DraftContext.WINDOW and len(context.cache) == DraftContext.WINDOW
+    alone = draft.forward(torch.tensor([ids[-DraftContext.WINDOW:]]), draft.new_cache(), num_logits=1)[:, -1].float()
+    assert torch.equal(logits, alone)
+    context.logits(tokens + tokens[:2])  # a step on: fed on top of the window
+    assert context.start == len(ids) - DraftContext.WINDOW and len(context.cache) > DraftContext.WINDOW

@@ -26,6 +26,7 @@ def run(*args, timeout=300):
         (["--gamma", "-2"], "--gamma"),
         (["--gamma", "many"], "expected an integer or 'auto'"),
         (["--gamma", "auto", "--max-gamma", "0"], "--max-gamma"),
+        (["--gamma", "99"], "--gamma 99 is above --max-gamma 8"),
         (["--lenience", "0"], "--lenience"),
         (["--max-new-tokens", "0"], "--max-new-tokens"),
         (["--target", "/no/such/model.gguf"], "does not exist"),

@@ -3,7 +3,7 @@
 import pytest
 
 from specdecode import ModelDrafter, SamplingParams, Stats, generate
-from specdecode.render import format_summary, render_step
+from specdecode.render import format_summary, no_gain, render_step
 from toy import ToyModel
 
 GREEDY = SamplingParams(temperature=0)
@@ -67,11 +67,16 @@ def test_render_colours_the_three_kinds_of_token():
     target, draft = toy_target()
     pieces = list(generate(target, [0], ModelDrafter(draft), gamma=3, params=GREEDY, max_new_tokens=30))
     piece = next(p for p in pieces if p.rejected_text and p.accepted_text)
-    styled = render_step(piece, color=True)
+    answer = piece.accepted_text + piece.target_text
+    styled = render_step(piece, color=True, show_rejected=True)
     styles = {str(span.style) for span in styled.spans}
     assert {"green", "red strike", "blue"} <= styles
     assert styled.plain == piece.accepted_text + piece.rejected_text + piece.target_text
-    assert render_step(piece, color=False).plain == piece.accepted_text + piece.target_text
+    # by default the answer is its own text, coloured or not: rejected proposals only when asked
+    assert render_step(piece, color=True).plain == render_step(piece, color=False).plain == answer
+    assert {str(span.style) for span in render_step(piece, color=True).spans} == {"green", "blue"}
+    marked = render_step(piece, color=False, show_rejected=True)
+    assert marked.plain == f"{piece.accepted_text}[-{piece.rejected_text}-]{piece.target_text}" and not marked.spans
 
 
 def test_incremental_text_equals_decoding_everything_for_a_real_tokenizer():
@@ -97,3 +102,12 @@ def test_incremental_text_equals_decoding_everything_for_a_real_tokenizer():
                 assert incremental.upto(end) == tokenizer.decode(tokens[:end], skip_special_tokens=True)
             incremental.advance(len(tokens))
         assert incremental.read > len(tokens) // 2  # the window really slides
+
+
+def test_a_run_where_speculation_did_not_pay_says_why():
+    from specdecode.stats import Stats
+
+    stats = Stats(proposed=40, accepted=1, target_calls=30, new_tokens=31, draft_seconds=0.3, wall_seconds=1.0)
+    assert no_gain(stats).startswith("speculation did not pay here: the target accepted 2% of 40 drafted tokens")
+    assert "drafting took 30% of the time" in no_gain(stats)
+    assert "proposed nothing" in no_gain(Stats(target_calls=3, new_tokens=3, wall_seconds=1.0))

@@ -10,7 +10,7 @@ import specdecode
 ROOT = Path(specdecode.__file__).parent
 # Lowest first. A module belongs to the layer of its longest matching prefix.
 LAYERS = [
-    ["specdecode.checks"],
+    ["specdecode.checks", "specdecode.lazy", "specdecode.progress"],
     ["specdecode.sampling", "specdecode.models.base"],
     ["specdecode.verify", "specdecode.formulas"],
     ["specdecode.gamma", "specdecode.models", "specdecode.drafters", "specdecode.prefix"],

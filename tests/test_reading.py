@@ -14,7 +14,8 @@ import pytest
 
 from specdecode.bench.random_model import write_llama
 from specdecode.models.native.reading import LAYERS, refusal
-from specdecode.models.native.source import GGUFHeader, NativeRefusal
+from specdecode.models.gguf import GGUFHeader
+from specdecode.models.native.source import NativeRefusal
 
 DIM, HEADS, KV_HEADS, HIDDEN = 128, 4, 2, 256  # write_llama's default shape
 HEAD = DIM // HEADS

@@ -1,12 +1,14 @@
 """specdecode: lossless speculative decoding (Leviathan, Kalman, Matias 2023; Chen et al. 2023)."""
 
-from .gamma import AdaptiveGamma, FixedGamma, GammaPolicy
-from .decode import Step, autoregressive_decode, speculative_decode
-from .drafters import Draft, Drafter, LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter
-from .stats import Stats
-from .text import TextStep, encode_prompt, generate
-from .sampling import SamplingParams
-from .verify import Verdict, verify
+from .lazy import lazy_exports
+
+_EXPORTS = {"AdaptiveGamma": ".gamma", "FixedGamma": ".gamma", "GammaPolicy": ".gamma",
+            "Step": ".decode", "autoregressive_decode": ".decode", "speculative_decode": ".decode",
+            "Draft": ".drafters", "Drafter": ".drafters", "LookupThenModelDrafter": ".drafters",
+            "ModelDrafter": ".drafters", "PromptLookupDrafter": ".drafters", "Stats": ".stats",
+            "TextStep": ".text", "encode_prompt": ".text", "generate": ".text", "SamplingParams": ".sampling",
+            "Verdict": ".verify", "verify": ".verify"}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 __version__ = "0.1.0"
 

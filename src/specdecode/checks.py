@@ -6,6 +6,8 @@ calls them before loading any model, so a bad option costs no loading time.
 
 from __future__ import annotations
 
+import re
+
 from typing import Sequence
 
 
@@ -86,3 +88,16 @@ def check_logprobs(logprobs: int | None) -> int | None:
                                  or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
         raise ValueError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] or None, got {logprobs!r}")
     return logprobs
+
+
+def check_device(device: str | None) -> None:
+    """--device: cpu or cuda (cuda:N), and cuda only where this torch can use it."""
+    if device in (None, "cpu"):
+        return
+    if not isinstance(device, str) or not re.fullmatch(r"cuda(:\d+)?", device):
+        raise ValueError(f"--device must be cpu or cuda (cuda:N for one of several), got {device!r}")
+    import torch
+
+    if not torch.cuda.is_available():
+        why = "has no CUDA (it is the CPU build)" if torch.version.cuda is None else "finds no CUDA device here"
+        raise ValueError(f"--device {device}: torch {torch.__version__} {why}; use --device cpu")

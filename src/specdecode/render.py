@@ -13,15 +13,16 @@ REJECTED = "red strike"
 TARGET = "blue"
 
 
-def render_step(piece: TextStep, color: bool = True) -> Text:
-    """One step as styled text; without color only the output text (no rejected proposals)."""
-    if not color:
-        return Text(piece.accepted_text + piece.target_text)
+def render_step(piece: TextStep, color: bool = True, show_rejected: bool = False) -> Text:
+    """One step as text: the answer's own (accepted draft tokens, then the target's), coloured where
+    `color`; the proposals the target rejected only where `show_rejected`, struck through in red with
+    colour, between [- and -] without (a terminal without strikethrough, or text copied, still
+    reads the answer apart from them)."""
     text = Text()
-    text.append(piece.accepted_text, style=ACCEPTED)
-    if piece.rejected_text:
-        text.append(piece.rejected_text, style=REJECTED)
-    text.append(piece.target_text, style=TARGET)
+    text.append(piece.accepted_text, style=ACCEPTED if color else None)
+    if show_rejected and piece.rejected_text:
+        text.append(piece.rejected_text if color else f"[-{piece.rejected_text}-]", style=REJECTED if color else None)
+    text.append(piece.target_text, style=TARGET if color else None)
     return text
 
 
@@ -37,3 +38,14 @@ def format_summary(stats: Stats) -> str:
         f"finished: {stats.finish_reason}",
     ]
     return " | ".join(parts)
+
+
+def no_gain(stats: Stats) -> str:
+    """Why speculation did not pay in a run: what the draft got accepted, and what drafting cost."""
+    if not stats.proposed:
+        return ("speculation did not pay here: the draft proposed nothing worth verifying (--gamma auto kept to "
+                "plain decoding, or the drafter found nothing to copy); the difference is noise or set-up")
+    spent = stats.draft_seconds / stats.wall_seconds if stats.wall_seconds else 0.0
+    return (f"speculation did not pay here: the target accepted {stats.acceptance_rate:.0%} of "
+            f"{stats.proposed} drafted tokens ({stats.tokens_per_call:.2f} tokens a call), and drafting took "
+            f"{spent:.0%} of the time; a draft closer to the target, or a cheaper one, would")

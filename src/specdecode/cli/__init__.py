@@ -4,37 +4,42 @@ arguments (`cmd_*` in generate, analysis, bench, fit and serve) that returns the
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
-from .analysis import cmd_alpha, cmd_analyze, cmd_info, cmd_profile
-from .bench import cmd_bench
-from .check import cmd_check
-from .fit import cmd_distill, cmd_ngram
-from .generate import cmd_generate
 from .parser import build_parser
-from .serve import cmd_serve
 
-COMMANDS = {"generate": cmd_generate, "info": cmd_info, "analyze": cmd_analyze, "alpha": cmd_alpha,
-            "profile": cmd_profile, "bench": cmd_bench, "serve": cmd_serve, "ngram": cmd_ngram, "distill": cmd_distill,
-            "check": cmd_check}
+# command -> (module, function): a command's module (and what it imports) loads only when it runs
+COMMANDS = {"generate": ("generate", "cmd_generate"), "info": ("analysis", "cmd_info"),
+            "analyze": ("analysis", "cmd_analyze"), "alpha": ("analysis", "cmd_alpha"),
+            "profile": ("analysis", "cmd_profile"), "bench": ("bench", "cmd_bench"), "serve": ("serve", "cmd_serve"),
+            "ngram": ("fit", "cmd_ngram"), "distill": ("fit", "cmd_distill"), "check": ("check", "cmd_check"),
+            "cache": ("cache", "cmd_cache")}
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`specdecode ARGS`: the command's exit code; a bad option or input is one line on stderr and 2."""
-    args = build_parser().parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    """`specdecode ARGS`: the command's exit code; a bad option or input is one line on stderr and 2,
+    Ctrl-C at any moment one line and 130."""
     try:
-        from transformers.utils import logging as hf_logging
+        args = build_parser().parse_args(argv)
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        from ..progress import enable
 
-        hf_logging.disable_progress_bar()
-        return COMMANDS[args.command](args)
+        enable(sys.stderr.isatty() and not getattr(args, "quiet", False) and not getattr(args, "json", False))
+        module, function = COMMANDS[args.command]
+        command = getattr(importlib.import_module(f".{module}", __name__), function)
+        return command(args)
     except (ValueError, FileNotFoundError, OSError, ImportError) as err:
         print(f"specdecode: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("specdecode: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

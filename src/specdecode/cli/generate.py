@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from .loading import draft_spec, engine_facts, gamma_policy, load_drafter, load_target, sampling_params, use_kernels
 
@@ -15,7 +16,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     from ..checks import (check_gamma, check_lenience, check_max_new_tokens, check_positive_settings, check_prompt_text,
                           check_stop)
-    from ..render import format_summary, render_step
+    from ..render import format_summary, no_gain, render_step
     from ..stats import Stats
     from ..text import encode_prompt, generate
 
@@ -23,6 +24,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     if args.gamma != "auto":
         check_gamma(args.gamma, "--gamma")
+        if args.gamma > args.max_gamma:
+            raise ValueError(f"--gamma {args.gamma} is above --max-gamma {args.max_gamma}: each call would verify "
+                             f"more drafted tokens than the cost model allows (a rejected guess costs its "
+                             f"verification); raise --max-gamma to insist")
     check_positive_settings(args, "max_gamma")
     check_lenience(args.lenience, "--lenience")
     check_max_new_tokens(args.max_new_tokens, "--max-new-tokens")
@@ -42,14 +47,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
         target, prompt_ids, drafter, gamma=gamma, params=params, max_new_tokens=args.max_new_tokens,
         lenience=args.lenience, seed=args.seed, stop=args.stop, stats=stats,
     )
-    out = Console(no_color=args.no_color, highlight=False, soft_wrap=True)
-    color = out.is_terminal and not args.no_color
+    no_color = args.no_color or bool(os.environ.get("NO_COLOR"))  # https://no-color.org
+    out = Console(no_color=no_color, highlight=False, soft_wrap=True)
+    color = out.is_terminal and not no_color
     text = []
     try:
         for piece in stream:
             text.append(piece.accepted_text + piece.target_text)
             if not args.json:
-                out.print(render_step(piece, color), end="")
+                out.print(render_step(piece, color, args.show_rejected), end="")
     except KeyboardInterrupt:
         stats.finish_reason = "interrupted"
     finally:
@@ -81,11 +87,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(json.dumps(record, ensure_ascii=False))
     else:
         out.print()
-        err = Console(stderr=True, no_color=args.no_color, highlight=False, soft_wrap=True)
-        err.print(format_summary(stats), style="dim")
+        err = Console(stderr=True, no_color=no_color, highlight=False, soft_wrap=True)
+        err.print(format_summary(stats), style=None if no_color else "dim")
         if comparison:
             same = {True: " | same output: yes", False: " | same output: no", None: ""}[comparison["identical"]]
             err.print(f"plain decoding of the same prompt: {comparison['plain_tokens']} tokens, "
                       f"{comparison['plain_tokens_per_second']:.1f} tokens/s | speculative speedup "
                       f"{comparison['speedup']:.2f}x{same}")
+            if comparison["speedup"] is not None and comparison["speedup"] < 1:
+                err.print(no_gain(stats), style=None if no_color else "dim")
     return 130 if stats.finish_reason == "interrupted" else 0

@@ -69,9 +69,30 @@ def _prompt_options(parser: argparse.ArgumentParser, required: bool) -> None:
     parser.add_argument("--per-category", type=int, default=None, help="at most this many prompts per category")
 
 
+class _Help(argparse.HelpFormatter):
+    """Every option's help says its default, unless the help text already does or there is none to say."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" in text or not action.option_strings or action.default in (None, False, [], argparse.SUPPRESS)
+                or isinstance(action, (argparse._HelpAction, argparse._VersionAction))):
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specdecode", description="Lossless speculative decoding.")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = version("specdecode")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        release = "unknown"
+    parser = argparse.ArgumentParser(prog="specdecode", description="Lossless speculative decoding.",
+                                     formatter_class=_Help)
+    parser.add_argument("--version", action="version", version=f"specdecode {release}")
     commands = parser.add_subparsers(dest="command", required=True)
+    _add = commands.add_parser
+    commands.add_parser = lambda *a, **k: _add(*a, formatter_class=_Help, **k)  # every command's help says defaults
 
     gen = commands.add_parser("generate", parents=[_model_options()], help="generate text, speculatively by default")
     gen.add_argument("prompt", help="the user message (the target's chat template is applied unless --raw)")
@@ -82,13 +103,19 @@ def build_parser() -> argparse.ArgumentParser:
     _sampling_options(gen)
     gen.add_argument("--lenience", type=float, default=1.0,
                      help="lenient acceptance in (0, 1]; 1 = exact (the target's distribution)")
-    gen.add_argument("--seed", type=int, default=None, help="make sampling reproducible")
-    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--seed", type=int, default=None, help="make sampling reproducible (default: a fresh seed)")
+    gen.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--baseline", action="store_true", help="plain autoregressive decoding, no draft")
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
-    gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
-    gen.add_argument("--no-color", action="store_true", help="plain text, no Figure-1 colours")
+    gen.add_argument("--json", action="store_true",
+                     help="print one JSON object (text, tokens, every summary figure) instead of streaming")
+    gen.add_argument("--no-color", action="store_true",
+                     help="plain text, no Figure-1 colours (also when $NO_COLOR is set or the output is not a terminal)")
+    gen.add_argument("--show-rejected", action="store_true",
+                     help="show the proposals the target rejected, struck through in red where colour is on and "
+                          "in [-...-] where it is off (the answer's own text never includes them)")
+    gen.add_argument("--quiet", action="store_true", help="no progress lines on stderr while loading")
     gen.add_argument("--compare", action="store_true",
                      help="then decode the same prompt plainly (no draft) and print the speedup measured in this run")
 
@@ -151,6 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--anchor-lookup-tokens", type=int, default=10,
                        help="tokens the anchors' own prompt lookup proposes (default 10; 0 leaves those anchors out)")
     bench.add_argument("--out", default="benchmarks/results/latest", help="output directory")
+    cache = commands.add_parser("cache", help="what specdecode keeps on this machine (converted models, tokenizers, "
+                                              "kernels, profiles), its size; clear it")
+    cache.add_argument("action", nargs="?", choices=["list", "clear"], default="list",
+                       help="list the entries (default), or clear them")
+    cache.add_argument("--model", default=None, metavar="NAME",
+                       help="only the entries of models whose file name begins with NAME (default: all)")
+
     serve = commands.add_parser("serve", parents=[_model_options()],
                                 help="an OpenAI-compatible HTTP server with speculative decoding")
     serve.add_argument("--also-draft", action="append", default=[], metavar="SPEC",
@@ -158,8 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--gamma", type=gamma_arg, default="auto",
                        help="default draft length, or 'auto' (default: chosen per call from the measured cost)")
     serve.add_argument("--max-gamma", type=int, default=8, help="upper bound for 'auto' (default 8)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="the address to listen on (0.0.0.0: every interface; set an API key then)")
+    serve.add_argument("--port", type=int, default=8000, help="the port to listen on")
     serve.add_argument("--model-name", action="append", default=None, metavar="NAME",
                        help="the model id clients send (default: the target's file name); repeat for aliases, "
                             "the first is the one responses carry")

@@ -1,9 +1,7 @@
-from .base import BaseDrafter, Draft, Drafter
-from .hybrid import LookupThenModelDrafter
-from .lookup import PromptLookupDrafter
-from .model import ModelDrafter
-from .ngram import NgramDrafter
-from .suffix import SuffixCache, SuffixDrafter
+from ..lazy import lazy_exports
 
-__all__ = ["BaseDrafter", "Draft", "Drafter", "LookupThenModelDrafter", "ModelDrafter", "NgramDrafter", "PromptLookupDrafter", "SuffixCache",
-           "SuffixDrafter"]
+_EXPORTS = {"BaseDrafter": ".base", "Draft": ".base", "Drafter": ".base", "LookupThenModelDrafter": ".hybrid",
+            "PromptLookupDrafter": ".lookup", "ModelDrafter": ".model", "NgramDrafter": ".ngram",
+            "SuffixCache": ".suffix", "SuffixDrafter": ".suffix"}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -30,9 +30,10 @@ import re
 import sys
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from typing import TYPE_CHECKING
 
-from ..models.base import Model, capabilities
-from .base import check_drafter
+if TYPE_CHECKING:  # the command line's parser reads this module's names without importing torch
+    from ..models.base import Model
 
 LOOKUP = "lookup"
 SUFFIX = "suffix"
@@ -42,6 +43,8 @@ HYBRID = "lookup+"
 NGRAM = "ngram:"
 TEXT = "text:"
 ENTRY_POINTS = "specdecode.drafters"
+DRAFTER_NAMES = ("lookup, suffix, trained, eagle, eagle:DIR, ngram:FILE.npz, lookup+MODEL, text:PATH, module:Name, "
+                 "or a draft model's path (a .gguf file or a transformers directory)")
 _USER = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")  # module:Name (or module:Class.method)
 
 
@@ -84,6 +87,8 @@ def build_user_drafter(spec: str, target: Model):
     except (TypeError, ValueError):  # a builtin or C callable: assume it takes the target
         takes_target = True
     drafter = factory(target) if takes_target else factory()
+    from .base import check_drafter
+
     try:
         check_drafter(drafter)
     except TypeError as err:
@@ -114,6 +119,15 @@ class DraftSpec:
             raise ValueError("text: needs a draft model path, e.g. text:draft.gguf")
         if not (0.0 <= self.min_confidence < 1.0):
             raise ValueError(f"min_confidence must be in [0, 1), got {self.min_confidence}")
+        path = self.model_path
+        if path is not None and not os.path.exists(os.path.expanduser(path)):
+            from ..models.files import existing_model_path
+
+            try:
+                existing_model_path(path)  # its sentence: no such path, or a hub id
+            except FileNotFoundError as err:
+                raise ValueError(f"--draft {self.spec}: no drafter has that name, and {err}. The drafters: "
+                                 f"{DRAFTER_NAMES}") from None
 
     @property
     def is_eagle(self) -> bool:
@@ -181,6 +195,7 @@ def make_drafter(spec: DraftSpec | str, target: Model, draft_model: Model | None
     """The drafter a spec names. `draft_model` reuses an already loaded draft model (a server builds
     a fresh drafter per request around one loaded model); else it is loaded with these settings.
     `suffix_cache` (a `SuffixCache`) is the memory of earlier outputs a suffix drafter shares."""
+    from ..models.base import capabilities
     from . import LookupThenModelDrafter, NgramDrafter, PromptLookupDrafter, SuffixDrafter
 
     spec = spec if isinstance(spec, DraftSpec) else DraftSpec(spec)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..formulas import optimal_gamma
+from ..progress import waiting
 from .files import cache_root
 from .profile import time_in_turns
 
@@ -89,8 +90,9 @@ def choose(model_path: Path, threads: int, signature: str, loaders: dict[str, Ca
         choice = BackendChoice(**json.loads(path.read_text()))
         if choice.backend in loaders:
             return choice, loaders[choice.backend]()
-    models = {name: load() for name, load in loaders.items()}
-    choice = pick({name: curve(times) for name, times in timer(models).items()})
+    with waiting(f"measuring which engine runs {model_path.name} fastest here ({', '.join(loaders)})", once=True):
+        models = {name: load() for name, load in loaders.items()}
+        choice = pick({name: curve(times) for name, times in timer(models).items()})
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(choice)))
     return choice, models[choice.backend]

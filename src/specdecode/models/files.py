@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 import warnings
 from pathlib import Path
+
+from ..progress import waiting
 
 
 def cache_root() -> Path:
@@ -17,21 +20,56 @@ def cache_root() -> Path:
 
 
 def existing_model_path(path: str | os.PathLike) -> Path:
-    """The model path, expanded; a clear error where nothing is there."""
+    """The model path, expanded, where something is there; a .gguf file checked to be one whole
+    (`check_gguf_file`). Else one sentence saying what is wrong and what to do, before any loading."""
     path = Path(path).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"model path {str(path)!r} does not exist (a local directory or .gguf file is needed)")
+        text = str(path)
+        if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", text) and not text.endswith(".gguf"):
+            raise FileNotFoundError(
+                f"{text!r} is not a local file or directory; it looks like a Hugging Face hub id, and models are "
+                f"local files here (nothing is downloaded): fetch the .gguf file or the model directory first, e.g. "
+                f"`huggingface-cli download {text} --local-dir {text.split('/')[-1]}`, and pass its path")
+        raise FileNotFoundError(f"model path {text!r} does not exist (a .gguf file or a transformers model "
+                                "directory is needed)")
+    if is_gguf(path):
+        check_gguf_file(path)
     return path
+
+
+def check_gguf_file(path: Path) -> None:
+    """A clear error where a .gguf file is not one, or is cut short: what a GGUF file holds, and what
+    this one holds instead (llama.cpp's own loader says only that it failed)."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head != b"GGUF":
+        raise ValueError(f"{path.name} is not a GGUF file: a GGUF file starts with the bytes 'GGUF', this one with "
+                         f"{head!r} ({path.stat().st_size} bytes in all)")
+    from .gguf import GGUFHeader
+
+    try:
+        GGUFHeader(path)
+    except Exception as err:  # a header cut short, or tensors past the end: whatever the reader met
+        raise ValueError(f"{path.name} is not a whole GGUF file: {err}") from None
 
 
 def is_gguf(path: Path) -> bool:
     return path.is_file() and path.suffix == ".gguf"
 
 
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+TOKENIZER = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
 def check_model_directory(path: Path, directory: Path) -> None:
-    """A clear error where `directory` (the one behind `path`) is no transformers model directory."""
+    """A clear error where `directory` (the one behind `path`) is no transformers model directory: a
+    config, weights and a tokenizer."""
     if not (directory / "config.json").exists():
         raise ValueError(f"{str(path)!r} is neither a .gguf file nor a transformers model directory (no config.json)")
+    for what, names in (("weights", WEIGHTS), ("tokenizer", TOKENIZER)):
+        if not any((directory / name).exists() for name in names):
+            raise ValueError(f"{str(path)!r} has a config.json but no {what} ({', '.join(names)}): a model "
+                             "directory holds all three, as a model's save_pretrained writes them")
 
 
 def model_directory(path: str | os.PathLike) -> tuple[Path, Path]:
@@ -71,6 +109,11 @@ def convert_gguf(gguf_path: Path) -> Path:
     out = _gguf_cache_dir(gguf_path, "converted")
     if (out / "config.json").exists():
         return out
+    with waiting(f"converting {gguf_path.name} for transformers", once=True):
+        return _convert(gguf_path, out)
+
+
+def _convert(gguf_path: Path, out: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -95,6 +138,7 @@ def gguf_tokenizer(gguf_path: Path):
         return AutoTokenizer.from_pretrained(converted)
     out = _gguf_cache_dir(gguf_path, "tokenizers")
     if not (out / "tokenizer_config.json").exists():
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-        _save_atomically(out, tokenizer.save_pretrained)
+        with waiting(f"reading the tokenizer of {gguf_path.name}", once=True):
+            tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+            _save_atomically(out, tokenizer.save_pretrained)
     return AutoTokenizer.from_pretrained(out)

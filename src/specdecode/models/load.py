@@ -10,6 +10,8 @@ import gc
 import json
 from pathlib import Path
 
+from ..progress import waiting
+
 BACKENDS = ("auto", "hf", "llama.cpp", "native")
 
 
@@ -58,7 +60,15 @@ def load_model(path: str | None = None, backend: str = "auto", dtype: str = "aut
 
     dtype "auto": on the native backend 4-bit products where the weights are 4-bit groups (a Q4_1
     GGUF, see `native.Int4Linear`), else bf16; bf16 on transformers; llama.cpp runs the GGUF's own."""
-    model = _load(path, backend, dtype, device, threads, n_ctx, choose_by_speed, measure_again)
+    from ..checks import check_device
+    from .draftnet import is_draftnet
+    from .files import existing_model_path
+
+    check_device(device)  # before anything slow: a device this torch cannot use, a path that is not a model
+    if path is not None and not is_draftnet(path):
+        existing_model_path(path)
+    with waiting(f"loading {Path(path).name if path else 'the embedded model'}"):
+        model = _load(path, backend, dtype, device, threads, n_ctx, choose_by_speed, measure_again)
     settle_garbage()
     return model
 

@@ -11,6 +11,7 @@ import torch
 
 from ..formulas import verify_curve
 from .base import Model
+from ..progress import waiting
 from .files import cache_root
 
 
@@ -91,13 +92,14 @@ def profile_model(model: Model, max_k: int = 16, context: int = 256, repeats: in
     path = cache_root() / "profiles" / f"{name}-{backend}{tag}-{dtype}-{threads}t-ctx{context}-k{max_k}-v2.json"
     if use_cache and path.exists():
         return Profile(**json.loads(path.read_text()))
-    times = time_in_turns({name: model}, range(1, max_k + 1), context, repeats, progress)[name]
-    ratios = monotone([times[k] / times[1] for k in range(1, max_k + 1)])
-    longer, limit = 4 * context, getattr(model, "max_positions", None)
-    per_position = 0.0
-    if not limit or longer + max_k <= limit:
-        far = time_in_turns({name: model}, (1,), longer, repeats)[name][1]
-        per_position = max(0.0, (far - times[1]) / (longer - context))
+    with waiting(f"measuring what verifying k tokens costs {name} here", once=True):
+        times = time_in_turns({name: model}, range(1, max_k + 1), context, repeats, progress)[name]
+        ratios = monotone([times[k] / times[1] for k in range(1, max_k + 1)])
+        longer, limit = 4 * context, getattr(model, "max_positions", None)
+        per_position = 0.0
+        if not limit or longer + max_k <= limit:
+            far = time_in_turns({name: model}, (1,), longer, repeats)[name][1]
+            per_position = max(0.0, (far - times[1]) / (longer - context))
     profile = Profile(model=name, dtype=dtype, threads=threads, context=context, step_seconds=times[1],
                       verify_ratios=[0.0] + [r / ratios[0] for r in ratios], row_position_seconds=per_position)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -33,8 +33,9 @@ Loads the Llama family (SmolLM2, Llama 2/3 shapes; default RoPE) from a transfor
 a GGUF file (dequantised once, as the `hf` backend does).
 """
 
-from .cache import NativeCache
-from .linear import Int4Linear, Linear, Q8Linear, bf16_supported
-from .model import NativeLlama, activation_dtype, load_native
+from ...lazy import lazy_exports
 
-__all__ = ["Int4Linear", "activation_dtype", "Linear", "NativeCache", "NativeLlama", "Q8Linear", "bf16_supported", "load_native"]
+_EXPORTS = {"NativeCache": ".cache", "Int4Linear": ".linear", "Linear": ".linear", "Q8Linear": ".linear",
+            "bf16_supported": ".linear", "NativeLlama": ".model", "activation_dtype": ".model", "load_native": ".model"}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from ...progress import waiting
 from ..files import cache_root
 
 # The C kernels: every csrc/*.c compiled together into one library; csrc/kernels.h is their interface.
@@ -150,7 +151,7 @@ def build(path: str, compiler: str) -> Path:
         return target
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp, waiting(f"building the {path} kernels", once=True):
             built = Path(tmp) / target.name
             subprocess.run([compiler, *flags, f"-I{CSRC}", *map(str, sources()), "-o", str(built), "-lm"],
                            capture_output=True, text=True, check=True)
