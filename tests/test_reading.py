@@ -41,7 +41,6 @@ def test_the_files_the_native_path_computes_are_read_without_a_refusal(plain, ar
 # (architecture, extra tensors, extra keys, what the refusal names)
 _rope_freqs = {"rope_freqs.weight": np.where(np.arange(HEAD // 2) < 8, 1.0, 8.0)}
 CASES = {
-    "llama-rope_freqs": ("llama", _rope_freqs, {}, "'rope_freqs.weight'"),
     "llama-attn_output.bias": ("llama", {"blk.0.attn_output.bias": np.zeros(DIM)}, {}, "'blk.0.attn_output.bias'"),
     "llama-ffn_down.bias": ("llama", {"blk.1.ffn_down.bias": np.zeros(DIM)}, {}, "'blk.1.ffn_down.bias'"),
     "llama-ffn_up.bias": ("llama", {"blk.0.ffn_up.bias": np.zeros(HIDDEN)}, {}, "'blk.0.ffn_up.bias'"),
@@ -96,8 +95,76 @@ def test_a_missing_tensor_a_layer_past_the_count_and_a_per_layer_size_are_refuse
     assert "per layer" in refusal("llama", {**fields, "llama.feed_forward_length": [256, 512]}, names)
     assert refusal("llama", {**fields, "llama.feed_forward_length": [256]}, names) is None
     assert "'phi3'" in refusal("phi3", {}, names)
+    # Llama 3's rope_freqs is a Llama's (llama.cpp's qwen and gemma loaders take none)
+    assert refusal("llama", fields, names + ["rope_freqs.weight"]) is None
+    qwen = ["token_embd.weight", "output_norm.weight", *(f"blk.0.{n}" for n in LAYERS["qwen3"][0])]
+    assert "'rope_freqs.weight'" in refusal("qwen3", {"qwen3.block_count": 1}, qwen + ["rope_freqs.weight"])
     # a rotary dimension count other than the head size (llama.cpp's own graphs assert it away for these
     # architectures, so no file of it runs there either)
     heads = {"llama.attention.head_count": 4, "llama.embedding_length": 128}
     assert "llama.rope.dimension_count" in refusal("llama", {**fields, **heads, "llama.rope.dimension_count": 16}, names)
     assert refusal("llama", {**fields, **heads, "llama.rope.dimension_count": 32}, names) is None
+
+
+def llama3_factors(head_dim: int, theta: float, factor: float = 8.0, low: float = 1.0, high: float = 4.0,
+                   context: int = 8192) -> np.ndarray:
+    """Llama 3.1's RoPE frequency factors as its converter writes them (`rope_freqs`): 1 for pairs
+    turning faster than context / high per wavelength, `factor` for those slower than context / low,
+    a smooth blend between."""
+    factors = []
+    for i in range(0, head_dim, 2):
+        wavelength = 2 * np.pi * theta ** (i / head_dim)
+        if wavelength < context / high:
+            factors.append(1.0)
+        elif wavelength > context / low:
+            factors.append(factor)
+        else:
+            smooth = (context / wavelength - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(factors, dtype=np.float32)
+
+
+def test_llama3_rope_factors_are_applied_as_llama_cpp_applies_them(tmp_path):
+    """A Llama with Llama 3.1's rope_freqs, quantised to Q4_0: native next-token distributions within
+    the oracle's thresholds of llama.cpp's on the same file over 128 positions, on every kernel path
+    this host runs; the same file read without its factors is far off (what the native path computed
+    before it applied them), so the comparison sees them; greedy speculation stays lossless."""
+    import torch
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from specdecode.bench.random_model import quantize
+    from specdecode.drafters import PromptLookupDrafter
+    from specdecode.models.load import auto_backend, load_model
+    from specdecode.models.native import load_native, plan
+    from specdecode.sampling import SamplingParams
+    from specdecode import autoregressive_decode, speculative_decode
+
+    # Llama 3.1's formula with an original context of 64 positions, so that its factor-8 pairs turn within
+    # the 128 positions compared (at 8,192 they would all but stand still there, and any factors would do)
+    factors = llama3_factors(HEAD, 10000.0, context=64)
+    assert factors.min() == 1.0 and factors.max() == 8.0 and len(set(factors.tolist())) > 2
+    path = quantize(write_llama(tmp_path / "llama3.gguf", context=256, tensors={"rope_freqs.weight": factors}),
+                    "Q4_0")
+    assert auto_backend(str(path), "cpu")[0] == "native"
+    tokens = torch.randint(0, 49152, (128,), generator=torch.Generator().manual_seed(4)).tolist()
+
+    def logprobs(model):
+        return torch.log_softmax(model.forward(torch.tensor([tokens]), model.new_cache())[0].double(), -1)
+
+    theirs = logprobs(load_model(str(path), backend="llama.cpp", n_ctx=256))
+    for kernels in plan.runnable_paths():
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv(plan.ENV, kernels)
+            native = load_native(path, max_positions=256)
+        ours = logprobs(native)
+        kl = (theirs.exp() * (theirs - ours)).sum(-1).mean().item()
+        agree = (ours.argmax(-1) == theirs.argmax(-1)).double().mean().item()
+        assert kl < 0.01 and agree >= 0.85, (kernels, kl, agree)
+    unscaled = load_native(path, max_positions=256)
+    unscaled.cos, unscaled.sin = unscaled._rope_table(10000.0)  # the factors left out
+    ours = logprobs(unscaled)
+    assert (theirs.exp() * (theirs - ours)).sum(-1).mean().item() > 0.1
+    greedy, prompt = SamplingParams(temperature=0), tokens[:24] * 2
+    plain = [t for s in autoregressive_decode(native, prompt, params=greedy, max_new_tokens=40) for t in s.tokens]
+    steps = list(speculative_decode(native, PromptLookupDrafter(), prompt, gamma=4, params=greedy, max_new_tokens=40))
+    assert [t for s in steps for t in s.tokens] == plain and any(s.num_accepted for s in steps)

@@ -128,7 +128,7 @@ class NativeLlama:
                        for i, b in enumerate(biases)]
         self.norm = vector("output_norm")
         self.vocab_size = self.head.out_features
-        self.cos, self.sin = self._rope_table(hyper.theta, hyper.rope_scale)
+        self.cos, self.sin = self._rope_table(hyper.theta, hyper.rope_scale, hyper.rope_factors)
         # the sliding layers' own RoPE base (Gemma 3), unscaled
         self.cos_swa, self.sin_swa = self._rope_table(hyper.theta_swa) if any(self.windows) else (None, None)
         self.layer_pointers = self._layer_pointers()
@@ -166,9 +166,15 @@ class NativeLlama:
         self.kernels = make_kernels(self.heads, self.kv_heads, self.head_dim, self.dim, compute_dtype, self.n_threads,
                                     self.attention_scale)
 
-    def _rope_table(self, theta: float, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-        """RoPE's cos and sin [P, hd] of every position (times `scale`: linear scaling) with base theta."""
+    def _rope_table(self, theta: float, scale: float = 1.0,
+                    factors: Sequence[float] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's cos and sin [P, hd] of every position (times `scale`: linear scaling) with base theta,
+        pair i's frequency divided by factors[i] where given (Llama 3's rope_freqs, as ggml_rope_ext
+        divides its theta). Every path reads these tables (the C decode layers, the per-operation
+        loop, prefill, batches and trees), so each computes the same rotation."""
         inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
+        if factors:
+            inv_freq = inv_freq / torch.tensor(factors, dtype=torch.float32)
         freqs = torch.outer(torch.arange(self.max_positions, dtype=torch.float32) * scale, inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)  # [P, hd]
         return emb.cos().to(self.compute_dtype), emb.sin().to(self.compute_dtype)

@@ -4,7 +4,7 @@ llama.cpp's loader is the list of what an architecture may carry (llama-cpp-pyth
 llama.cpp: `src/llama-model.cpp` `llama_model_base::load_hparams` for the keys every architecture
 reads, `create_tensor_qkv` and the generic `.scale` pass, and `src/models/{llama,qwen2,qwen3,
 gemma3}.cpp` for each architecture's own keys and tensors). A tensor the native model does not use
-(Llama 3's `rope_freqs`, an output bias, a fused `attn_qkv`, per-tensor `.scale`s, experts) or a key
+(an output bias, a fused `attn_qkv`, per-tensor `.scale`s, experts) or a key
 it does not implement (YaRN or LongRoPE scaling, a rotary dimension count other than the head size,
 experts, a RoPE attention factor) would give a fluent, wrong model if skipped, and speculation would
 then faithfully reproduce the wrong model. So each is a reason to refuse the file natively, in one
@@ -33,6 +33,10 @@ LAYERS = {  # architecture -> (required, optional) per-layer tensors
     "gemma3": (_LLAMA_LAYER | _QK_NORMS | {"post_attention_norm.weight", "post_ffw_norm.weight"}, frozenset()),
 }
 GLOBALS = (frozenset({"token_embd.weight", "output_norm.weight"}), frozenset({"output.weight"}))
+# Tensors outside the layers an architecture's native model computes with where the file has them:
+# Llama 3's RoPE frequency factors (llama.cpp's llama loader takes `rope_freqs` unless the scaling is
+# LongRoPE, which is refused above).
+OPTIONAL_GLOBALS = {"llama": frozenset({"rope_freqs.weight"})}
 
 # Keys (after `{arch}.`) llama.cpp reads for every architecture, or for the one named, that the native
 # path implements (`GGUFSource` reads them into `Hyper`).
@@ -124,7 +128,7 @@ def _tensor_refusal(arch: str, fields: dict, names) -> str | None:
     for name in names:
         match = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
         if match is None:
-            if name not in GLOBALS[0] | GLOBALS[1]:
+            if name not in GLOBALS[0] | GLOBALS[1] | OPTIONAL_GLOBALS.get(arch, frozenset()):
                 return f"it has a tensor {name!r} that the native backend does not compute with"
             found_globals.add(name)
             continue

@@ -158,6 +158,9 @@ class Hyper:
     theta: float
     context: int
     rope_scale: float = 1.0  # the global layers' positions times this in RoPE (linear scaling: 1 / factor)
+    # Llama 3's RoPE frequency factors (`rope_freqs`): pair i of each head turns at its frequency divided
+    # by factors[i] (none where empty), as llama.cpp's ggml_rope_ext takes them
+    rope_factors: tuple[float, ...] = ()
     window: int = 0  # the sliding layers' window: a query sees the keys of the last `window` positions
     sliding: tuple[bool, ...] = ()  # which layers slide (none where empty); they take RoPE base theta_swa
     theta_swa: float = 10000.0
@@ -265,9 +268,21 @@ class GGUFSource:
                            theta=self._field(f"{a}.rope.freq_base", 10000.0),
                            context=self._field(f"{a}.context_length", 4096),
                            rope_scale=1.0 / factor if scaling == "linear" and factor else 1.0,
+                           rope_factors=self._rope_factors(head_dim),
                            **(self._gemma3(layers, dim, heads, head_dim) if a == "gemma3" else {}))
         self.eos_token_id = self._field("tokenizer.ggml.eos_token_id", None)
         self._tensors = self.header.tensors
+
+    def _rope_factors(self, head_dim: int) -> tuple[float, ...]:
+        """Llama 3.x's `rope_freqs.weight`, one factor a rotary pair (empty where the file has none)."""
+        tensor = self.header.tensors.get("rope_freqs.weight")
+        if tensor is None:
+            return ()
+        factors = np.asarray(tensor.data, dtype=np.float32).reshape(-1)
+        if factors.shape[0] != head_dim // 2:
+            raise NativeRefusal(f"{self.path.name} cannot run natively: its rope_freqs holds {factors.shape[0]} "
+                                f"factors where its heads have {head_dim // 2} rotary pairs")
+        return tuple(float(f) for f in factors)
 
     def _gemma3(self, layers: int, dim: int, heads: int, head_dim: int) -> dict:
         """Gemma 3's `Hyper` fields, as llama.cpp reads them (llama_model_gemma3::load_arch_hparams): the
