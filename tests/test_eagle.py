@@ -246,7 +246,7 @@ def test_a_feature_draft_refuses_what_it_cannot_follow(world):
     cache = target.new_cache(32)
     target.forward(torch.tensor([[1, 2, 3]]), cache)
     with pytest.raises(ValueError, match="first position"):
-        drafter.follow(cache)
+        drafter.attach(cache)
     other = EagleNet(EagleConfig(64, 2, 2, 32, 128, 1e-5, 16, "another"))
     with pytest.raises(ValueError, match="trained for another"):
         FeatureDraft(other, target)

@@ -114,3 +114,13 @@ def test_the_check_sees_a_cycle():
     assert "specdecode.server.build" in graph["specdecode.cli.serve"]
     graph["specdecode.server.build"] = graph["specdecode.server.build"] | {"specdecode.cli.serve"}
     assert find_cycle(graph) == ["specdecode.cli.serve", "specdecode.server.build", "specdecode.cli.serve"]
+
+
+def test_the_loop_and_the_batch_ask_drafters_and_models_through_their_protocols():
+    """No hasattr/getattr probes of a drafter or a model in the decode loop or the batch engine: what
+    they use is declared (`Drafter`, `Model`, `Capabilities`)."""
+    for module in ("decode.py", "batch.py"):
+        tree = ast.parse((ROOT / module).read_text())
+        probes = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
+                  and isinstance(node.func, ast.Name) and node.func.id in ("hasattr", "getattr")]
+        assert not probes, f"{module} probes at lines {probes}"

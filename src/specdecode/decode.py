@@ -177,8 +177,8 @@ class Decoding:
         self.policies: dict = {}  # a drafter's source -> its own adaptive policy (`plan_policy`)
         self.trees = capabilities(target).supports_trees
         if not self.trees and drafter.proposes_trees:
-            warnings.warn(f"the {getattr(target, 'backend', type(target).__name__)} backend verifies chains only: "
-                          "tree drafts are cut to their main chain", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"{target.name} ({type(target).__name__}) verifies chains only: tree drafts are cut to "
+                          "their main chain", RuntimeWarning, stacklevel=3)
         self.target, self.drafter, self.params, self.lenience = target, drafter, params, lenience
         self.clock = clock
         self.max_new_tokens = max_new_tokens
@@ -189,8 +189,7 @@ class Decoding:
         self.limit = target.max_positions
         self.context = list(prompt)
         self.cache = target.new_cache() if cache is None else cache
-        if hasattr(drafter, "follow"):  # a feature draft reads the target's features from its cache
-            drafter.follow(self.cache)
+        drafter.attach(self.cache)  # a feature draft reads the target's features from it
         self.emitted = 0
         self.finished = False
         self._pending: _Pending | None = None
@@ -207,11 +206,10 @@ class Decoding:
         lookup, else a model: `drafters.hybrid`) names the one it will use, and each source gets its
         own adaptive policy, learning that source's alpha and cost apart (a shared one would plan
         lookup's cheap copies with the model's acceptance, and the model's guesses with lookup's)."""
-        source = getattr(self.drafter, "source", None)
-        if source is not None and isinstance(self.policy, AdaptiveGamma):
+        key = self.drafter.source(self.context) if isinstance(self.policy, AdaptiveGamma) else None
+        if key is not None:
             if not self.policies:
                 self.policies[None] = self.policy  # the template the sources' policies start from
-            key = source(self.context)
             if key not in self.policies:
                 self.policies[key] = self.policies[None].fresh()
             self.policy = self.policies[key]

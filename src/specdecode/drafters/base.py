@@ -76,6 +76,14 @@ class Drafter(Protocol):
     def begin(self, prompt: Sequence[int]) -> None:
         """The new generation's prompt (a drafter may tell the prompt from the output)."""
 
+    def attach(self, cache) -> None:
+        """The target's cache the new generation verifies in, before its first position (a feature
+        draft reads the target's features from it, `drafters.eagle`; other drafters ignore it)."""
+
+    def source(self, context: Sequence[int]) -> str | None:
+        """Which of its sources proposes after `context` (prompt lookup, or a model: `drafters.hybrid`),
+        for the loop to keep a gamma policy for each; None for a drafter of one source."""
+
     def propose(self, context: Sequence[int], gamma: int) -> Draft:
         """Up to gamma new tokens continuing `context` (the prompt plus everything emitted)."""
 
@@ -96,6 +104,12 @@ class BaseDrafter:
     def begin(self, prompt: Sequence[int]) -> None:
         pass
 
+    def attach(self, cache) -> None:
+        pass
+
+    def source(self, context: Sequence[int]) -> str | None:
+        return None
+
     def propose(self, context: Sequence[int], gamma: int) -> Draft:
         raise NotImplementedError
 
@@ -103,7 +117,8 @@ class BaseDrafter:
         pass
 
 
-DRAFTER_MEMBERS = ("vocab", "proposes_trees", "samples_trees", "reset", "begin", "propose", "accept")
+DRAFTER_MEMBERS = ("vocab", "proposes_trees", "samples_trees", "reset", "begin", "attach", "source", "propose",
+                   "accept")
 
 
 def check_drafter(drafter) -> None:

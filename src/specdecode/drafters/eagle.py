@@ -189,7 +189,7 @@ class EagleDrafter(BaseDrafter):
             built[path] = FeatureDraft(load_eagle(path)[0], target)
         return cls(built[path])
 
-    def follow(self, cache: NativeCache) -> None:
+    def attach(self, cache: NativeCache) -> None:
         """Draft from the features of the target cache the decoding verifies in (it keeps them from now)."""
         if not isinstance(cache, NativeCache):
             raise ValueError(f"a feature draft follows the native backend's cache, not a {type(cache).__name__}")
@@ -206,7 +206,7 @@ class EagleDrafter(BaseDrafter):
     def propose(self, context: Sequence[int], gamma: int) -> Draft:
         target = self.target_cache
         if target is None:
-            raise RuntimeError("EagleDrafter.follow(cache) must name the target's cache before propose()")
+            raise RuntimeError("EagleDrafter.attach(cache) must name the target's cache before propose()")
         n = len(target)  # features f_0 .. f_{n-1}; the pairs need x_{t+1}: context[1 .. n]
         if n >= len(context) or n < self.fed:
             raise RuntimeError(f"the target cache holds {n} positions for a context of {len(context)}, and the "

@@ -26,14 +26,15 @@ class LookupThenModelDrafter(BaseDrafter):
         self.lookup = PromptLookupDrafter(max_ngram=max(max_ngram, min_match), min_ngram=min_match)
         self.model = model
         self.vocab = model.vocab
-        if hasattr(model, "follow"):  # a feature draft reads the target's cache (drafters.eagle)
-            self.follow = model.follow
         self._last = None  # the drafter that made the latest proposal
 
     def reset(self, params: SamplingParams, generator: torch.Generator | None) -> None:
         self.lookup.reset(params, generator)
         self.model.reset(params, generator)
         self._last = None
+
+    def attach(self, cache) -> None:
+        self.model.attach(cache)  # a feature draft reads the target's cache (drafters.eagle)
 
     def source(self, context: Sequence[int]) -> str:
         """Which drafter proposes after `context`: "lookup" where it finds a match, else "model"."""
