@@ -10,7 +10,7 @@ import specdecode
 ROOT = Path(specdecode.__file__).parent
 # Lowest first. A module belongs to the layer of its longest matching prefix.
 LAYERS = [
-    ["specdecode.checks", "specdecode.lazy", "specdecode.progress"],
+    ["specdecode.checks", "specdecode.defaults", "specdecode.lazy", "specdecode.progress"],
     ["specdecode.sampling", "specdecode.models.base"],
     ["specdecode.verify", "specdecode.formulas"],
     ["specdecode.gamma", "specdecode.models", "specdecode.drafters", "specdecode.prefix"],
@@ -124,3 +124,35 @@ def test_the_loop_and_the_batch_ask_drafters_and_models_through_their_protocols(
         probes = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
                   and isinstance(node.func, ast.Name) and node.func.id in ("hasattr", "getattr")]
         assert not probes, f"{module} probes at lines {probes}"
+
+
+def test_each_setting_has_one_default_which_the_parser_the_server_the_engine_and_the_batch_share():
+    """`specdecode.defaults` holds them; `serve`'s parser, `ServeOptions`, `Engine` and `Batch` agree
+    with it, and none writes the number again (its default is the constant's name)."""
+    import inspect
+
+    from specdecode import defaults
+    from specdecode.batch import Batch
+    from specdecode.cli.parser import build_parser
+    from specdecode.server.build import ServeOptions
+    from specdecode.server.engine import Engine
+
+    serve = build_parser().parse_args(["serve"])
+    engine, batch = inspect.signature(Engine).parameters, inspect.signature(Batch).parameters
+    settings = {"max_gamma": defaults.MAX_GAMMA, "max_batch": defaults.MAX_BATCH, "prompt_rows": defaults.PROMPT_ROWS,
+                "max_queue": defaults.MAX_QUEUE}
+    for name, value in settings.items():
+        assert getattr(serve, name) == getattr(ServeOptions(), name) == value, name
+        assert engine[name].default == value, name
+        if name in batch:
+            assert batch[name].default == value, name
+    assert serve.prefix_memory == ServeOptions().prefix_memory == defaults.PREFIX_MIB
+    assert engine["prefix_bytes"].default == batch["prefix_bytes"].default == defaults.PREFIX_MIB << 20
+    assert (serve.host, serve.port, serve.max_body_bytes) == (defaults.HOST, defaults.PORT, defaults.MAX_BODY_BYTES)
+    import re
+
+    written = re.compile(r'(serve|gen|bench)\.add_argument\("--(max-batch|prompt-rows|prefix-memory|max-queue|max-gamma)", '
+                         r'type=int, default=\d'
+                         r"|(max_batch|prompt_rows|prefix_bytes|prefix_memory|max_queue|max_gamma): int = \d")
+    for module in ("cli/parser.py", "server/build.py", "server/engine.py", "batch.py", "gamma.py"):
+        assert not written.search((ROOT / module).read_text()), (module, written.search((ROOT / module).read_text()))

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
+from . import defaults
 from .decode import Decoding, check_request
 from .drafters.base import Drafter
 from .drafters.lookup import PromptLookupDrafter
@@ -78,8 +79,8 @@ class Batch:
     clock: seconds, for the step timings the requests' gamma policies learn from.
     """
 
-    def __init__(self, target, max_batch: int = 8, max_gamma: int = 8, prompt_rows: int = 64,
-                 prefix_bytes: int = 64 << 20, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, target, max_batch: int = defaults.MAX_BATCH, max_gamma: int = defaults.MAX_GAMMA,
+                 prompt_rows: int = defaults.PROMPT_ROWS, prefix_bytes: int = defaults.PREFIX_MIB << 20, clock: Callable[[], float] = time.perf_counter) -> None:
         if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         self.target, self.clock = target, clock
@@ -299,7 +300,7 @@ def _rewind(cache, length: int) -> None:
         cache.trim(len(cache) - length)
 
 
-def generate_batch(target, prompts: Sequence[Sequence[int]], drafter=None, *, max_batch: int = 8,
+def generate_batch(target, prompts: Sequence[Sequence[int]], drafter=None, *, max_batch: int = defaults.MAX_BATCH,
                    **settings) -> list[BatchRequest]:
     """Decode several prompts together (continuous batching on one target) and return their requests
     (`.text`, `.stats`, `.finish_reason`), in prompt order.

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
+from . import defaults
 from .formulas import expected_tokens, optimal_gamma, verify_curve
 from .checks import check_gamma
 
@@ -86,7 +87,7 @@ class FixedGamma:
 AUTO = "auto"
 
 
-def as_policy(gamma: "int | str | GammaPolicy", target=None, max_gamma: int = 8) -> GammaPolicy:
+def as_policy(gamma: "int | str | GammaPolicy", target=None, max_gamma: int = defaults.MAX_GAMMA) -> GammaPolicy:
     """An integer becomes a FixedGamma, "auto" an AdaptiveGamma fed by the target's measured
     verification curve (profiled once per machine and kernel build, then cached), and a policy is
     used as it is."""
@@ -125,7 +126,7 @@ class AdaptiveGamma:
 
     sizes_trees = True
 
-    def __init__(self, verify_ratios: Sequence[float], max_gamma: int = 8, prior_alpha: float = 0.5,
+    def __init__(self, verify_ratios: Sequence[float], max_gamma: int = defaults.MAX_GAMMA, prior_alpha: float = 0.5,
                  prior_cost: float = 0.0, decay: float = 0.9, shadow_budget: float = 0.01,
                  position_cost: float = 0.0, profile_context: int = 256, step_seconds: float | None = None) -> None:
         if max_gamma < 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from .. import defaults
 from ..drafters.spec import LOOKUP
 
 
@@ -99,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--gamma", type=gamma_arg, default="auto",
                      help="draft tokens per target call, or 'auto' (default): chosen per call from the measured "
                           "verification cost and the running acceptance rate, 0 where speculation would not pay")
-    gen.add_argument("--max-gamma", type=int, default=8, help="upper bound for --gamma auto (default 8)")
+    gen.add_argument("--max-gamma", type=int, default=defaults.MAX_GAMMA, help="upper bound for --gamma auto")
     _sampling_options(gen)
     gen.add_argument("--lenience", type=float, default=1.0,
                      help="lenient acceptance in (0, 1]; 1 = exact (the target's distribution)")
@@ -169,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "DIR from distill --eagle")
     bench.add_argument("--gamma", type=gamma_arg, nargs="+", default=[2, 4, 8, "auto"],
                        help="fixed gammas and/or 'auto' (default: 2 4 8 auto)")
-    bench.add_argument("--max-gamma", type=int, default=8, help="upper bound for 'auto' (default 8)")
+    bench.add_argument("--max-gamma", type=int, default=defaults.MAX_GAMMA, help="upper bound for 'auto'")
     bench.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--seed", type=int, default=0)
@@ -191,26 +192,26 @@ def build_parser() -> argparse.ArgumentParser:
                        help="another drafter requests may pick with specdecode.draft (repeatable; --draft is the default)")
     serve.add_argument("--gamma", type=gamma_arg, default="auto",
                        help="default draft length, or 'auto' (default: chosen per call from the measured cost)")
-    serve.add_argument("--max-gamma", type=int, default=8, help="upper bound for 'auto' (default 8)")
-    serve.add_argument("--host", default="127.0.0.1",
+    serve.add_argument("--max-gamma", type=int, default=defaults.MAX_GAMMA, help="upper bound for 'auto'")
+    serve.add_argument("--host", default=defaults.HOST,
                        help="the address to listen on (0.0.0.0: every interface; set an API key then)")
-    serve.add_argument("--port", type=int, default=8000, help="the port to listen on")
+    serve.add_argument("--port", type=int, default=defaults.PORT, help="the port to listen on")
     serve.add_argument("--model-name", action="append", default=None, metavar="NAME",
                        help="the model id clients send (default: the target's file name); repeat for aliases, "
                             "the first is the one responses carry")
-    serve.add_argument("--max-batch", type=int, default=16,
+    serve.add_argument("--max-batch", type=int, default=defaults.MAX_BATCH,
                        help="requests decoded together, each with its own KV cache sized to its prompt + max_tokens "
-                            "(default 16; 1 serves one at a time)")
-    serve.add_argument("--prompt-rows", type=int, default=256,
+                            "(1 serves one at a time)")
+    serve.add_argument("--prompt-rows", type=int, default=defaults.PROMPT_ROWS,
                        help="prompt tokens a decode step takes beside the other requests' rows, where the target "
                             "computes prompts row by row (the native backend's w4a8): more, a new request's first "
-                            "token sooner; fewer, shorter pauses for the requests already decoding (default 256)")
-    serve.add_argument("--prefix-memory", type=int, default=1024, metavar="MIB",
+                            "token sooner; fewer, shorter pauses for the requests already decoding")
+    serve.add_argument("--prefix-memory", type=int, default=defaults.PREFIX_MIB, metavar="MIB",
                        help="memory for recent prompts' keys and values: a prompt that begins like one of them (a "
                             "repeated system turn or document) computes only the rest; least recently used "
-                            "dropped first (default 1024 MiB; 0: none)")
-    serve.add_argument("--max-queue", type=int, default=16,
-                       help="requests that may wait behind a full batch (default 16); past them, 429")
+                            "dropped first (0: none)")
+    serve.add_argument("--max-queue", type=int, default=defaults.MAX_QUEUE,
+                       help="requests that may wait behind a full batch; past them, 429")
     serve.add_argument("--max-tokens", type=int, default=None,
                        help="largest max_tokens a request may ask for (default: no cap but the room its prompt "
                             "leaves in the context window); a request without max_tokens gets min(256, this), "
@@ -219,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="require 'Authorization: Bearer KEY' on every route but /health (default: the "
                             "SPECDECODE_API_KEY environment variable, which keeps the key out of process listings)")
     serve.add_argument("--metrics-open", action="store_true", help="serve /metrics without the API key")
-    serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
+    serve.add_argument("--max-body-bytes", type=int, default=defaults.MAX_BODY_BYTES, help="largest request body")
     on_ray = serve.add_argument_group("on a Ray Serve cluster (pip install 'specdecode[ray]')")
     on_ray.add_argument("--ray", action="store_true",
                         help="serve with Ray Serve: --replicas engines behind one endpoint at --host:--port; "

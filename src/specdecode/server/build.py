@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from fastapi import FastAPI
 
+from .. import defaults
 from ..drafters.spec import LOOKUP, DraftSpec
 from ..checks import check_gamma, check_positive_settings, check_queue_size
 from .app import create_app
@@ -45,18 +46,18 @@ class ServeOptions:
     also_drafts: tuple[str, ...] = ()  # the others a request may pick with specdecode.draft
     draft_backend: str | None = None
     gamma: int | str = "auto"
-    max_gamma: int = 8
+    max_gamma: int = defaults.MAX_GAMMA
     model_names: tuple[str, ...] = ()  # the id responses carry, then aliases; empty: the target's file name
-    max_batch: int = 16
-    prompt_rows: int = 256  # prompt tokens a step feeds beside decode rows (Batch's prompt_rows)
-    prefix_memory: int = 1024  # MiB of recent prompts' keys and values kept for reuse (Batch's prefix_bytes)
-    max_queue: int = 16
+    max_batch: int = defaults.MAX_BATCH
+    prompt_rows: int = defaults.PROMPT_ROWS  # prompt tokens a step feeds beside decode rows (Batch's prompt_rows)
+    prefix_memory: int = defaults.PREFIX_MIB  # MiB of recent prompts' keys and values kept for reuse (Batch's prefix_bytes)
+    max_queue: int = defaults.MAX_QUEUE
     max_tokens: int | None = None  # a cap on max_tokens; None: the room the prompt leaves in the context
     api_key: str | None = None  # None: every route is open (see api_key_from_environment)
     metrics_open: bool = False
-    max_body_bytes: int = 1 << 20
-    host: str = "127.0.0.1"  # where the HTTP server listens (uvicorn, or Ray Serve's proxy)
-    port: int = 8000
+    max_body_bytes: int = defaults.MAX_BODY_BYTES
+    host: str = defaults.HOST  # where the HTTP server listens (uvicorn, or Ray Serve's proxy)
+    port: int = defaults.PORT
 
     def __post_init__(self) -> None:
         if self.gamma != "auto":

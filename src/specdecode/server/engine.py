@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from .. import defaults
 from ..batch import Batch, BatchRequest
 from ..decode import token_logprobs
 from ..drafters.spec import SUFFIX, DraftSpec, load_draft_model, make_drafter
@@ -55,8 +56,9 @@ class Engine:
     rows) after each batched decode forward."""
 
     def __init__(self, target, drafts: dict[str, str], default_draft: str, gamma: int | str = "auto",
-                 max_gamma: int = 8, max_queue: int = 16, max_batch: int = 16, prompt_rows: int = 256,
-                 prefix_bytes: int = 1 << 30,
+                 max_gamma: int = defaults.MAX_GAMMA, max_queue: int = defaults.MAX_QUEUE,
+                 max_batch: int = defaults.MAX_BATCH, prompt_rows: int = defaults.PROMPT_ROWS,
+                 prefix_bytes: int = defaults.PREFIX_MIB << 20,
                  on_finish: Callable[[Job], None] | None = None,
                  on_step: Callable[[int, int], None] | None = None, **load_options) -> None:
         if default_draft not in drafts:
