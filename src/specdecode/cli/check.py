@@ -68,8 +68,31 @@ def verdict(results) -> tuple[str, bool]:
     return "NOT lossless: " + "; ".join(r.name for r in failed if not r.name.startswith("control")), False
 
 
+def check_against(args: argparse.Namespace) -> int:
+    """--against llama.cpp: the native path's numerics and tokenisation against llama.cpp's on --target."""
+    from ..analysis.oracle import compare, report
+    from ..models.default import default_target_path
+    from ..models.load import load_model
+
+    path = args.target or str(default_target_path())
+    if not path.endswith(".gguf"):
+        raise ValueError(f"--against llama.cpp compares on a .gguf file, and {path!r} is not one")
+    use_kernels(args.kernels)
+    ours = load_model(path, backend="native", dtype=args.dtype, threads=args.threads, n_ctx=512)
+    oracle = load_model(path, backend="llama.cpp", threads=args.threads, n_ctx=512)
+    result = compare(ours, oracle)
+    if args.json:
+        print(json.dumps({"target": path, "kernels": ours.kernel_plan, **vars(result), "agrees": result.agrees}))
+    else:
+        print("\n".join(report(result, f"{path} ({ours.kernel_plan})")))
+    return 0 if result.agrees else 1
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from ..checks import check_positive_settings
+
+    if args.against:
+        return check_against(args)
 
     check_positive_settings(args, "samples", "gamma", "max_new_tokens", "num_prompts")
     results = run_checks(args)

@@ -243,7 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--max-new-tokens", type=int, default=48, help="tokens per greedy prompt (default 48)")
     check.add_argument("--seed", type=int, default=0)
     _prompt_options(check, required=False)
-    check.add_argument("--json", action="store_true")
+    check.add_argument("--json", action="store_true", help="print one JSON object")
+    check.add_argument("--against", choices=["llama.cpp"], default=None,
+                       help="instead: compare the native backend's next-token distributions and token ids with "
+                            "llama.cpp's on --target (a .gguf file); exit 1 past the oracle tests' thresholds")
 
     ngram = commands.add_parser("ngram", help="n-gram drafters")
     ngram_commands = ngram.add_subparsers(dest="ngram_command", required=True)

@@ -1,0 +1,45 @@
+"""`specdecode check --against llama.cpp`: the native path against llama.cpp on the user's own file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import run_cli
+from test_reading import HEAD, llama3_factors
+
+pytest.importorskip("llama_cpp")
+
+
+@pytest.fixture(scope="module")
+def llama3_file(tmp_path_factory):
+    from specdecode.bench.random_model import quantize, write_llama
+
+    root = tmp_path_factory.mktemp("oracle")
+    factors = llama3_factors(HEAD, 10000.0, context=64)
+    return quantize(write_llama(root / "llama3.gguf", context=512, tensors={"rope_freqs.weight": factors}), "Q4_0")
+
+
+def test_a_file_the_native_path_computes_as_llama_cpp_does_agrees(capsys, llama3_file):
+    code, out, _ = run_cli(capsys, "check", "--against", "llama.cpp", "--target", str(llama3_file), "--json")
+    record = json.loads(out)
+    assert code == 0 and record["agrees"] and record["mean_kl"] < 0.02 and record["agreement"] >= 0.8
+    assert record["positions"] > 150 and record["token_mismatches"] == []
+
+
+def test_a_native_path_that_computes_otherwise_disagrees_and_exits_1(capsys, llama3_file, monkeypatch):
+    """The same file with the native path's RoPE factors left out (what it computed before it read
+    them): the check must see it."""
+    from specdecode.models.native.model import NativeLlama
+
+    table = NativeLlama._rope_table
+    monkeypatch.setattr(NativeLlama, "_rope_table", lambda self, theta, scale=1.0, factors=(): table(self, theta, scale))
+    code, out, _ = run_cli(capsys, "check", "--against", "llama.cpp", "--target", str(llama3_file))
+    assert code == 1 and "verdict: DISAGREES" in out, out
+
+
+@pytest.mark.slow
+def test_the_embedded_model_agrees(capsys):
+    code, out, _ = run_cli(capsys, "check", "--against", "llama.cpp")
+    assert code == 0 and "verdict: agrees" in out and "tokenisation: identical ids" in out, out
