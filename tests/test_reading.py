@@ -38,41 +38,68 @@ def test_the_files_the_native_path_computes_are_read_without_a_refusal(plain, ar
     assert refusal(arch, fields, tensors) is None
 
 
-# (architecture, extra tensors, extra keys, what the refusal names)
-_rope_freqs = {"rope_freqs.weight": np.where(np.arange(HEAD // 2) < 8, 1.0, 8.0)}
-CASES = {
-    "llama-attn_output.bias": ("llama", {"blk.0.attn_output.bias": np.zeros(DIM)}, {}, "'blk.0.attn_output.bias'"),
-    "llama-ffn_down.bias": ("llama", {"blk.1.ffn_down.bias": np.zeros(DIM)}, {}, "'blk.1.ffn_down.bias'"),
-    "llama-ffn_up.bias": ("llama", {"blk.0.ffn_up.bias": np.zeros(HIDDEN)}, {}, "'blk.0.ffn_up.bias'"),
-    "llama-qkv-biases": ("llama", {f"blk.0.attn_{n}.bias": np.zeros(HEAD * h)
-                                   for n, h in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS))}, {}, ".bias'"),
-    "llama-weight-scale": ("llama", {"blk.0.attn_q.scale": np.ones(1)}, {}, "'blk.0.attn_q.scale'"),
-    "llama-yarn": ("llama", {}, {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}, "'yarn'"),
-    "llama-attn_factor": ("llama", {}, {"llama.rope.scaling.attn_factor": 0.5}, "llama.rope.scaling.attn_factor"),
-    "qwen2-output.bias": ("qwen2", {"output.bias": np.zeros(49152)}, {}, "'output.bias'"),
-    "gemma3-attn_output.scale": ("gemma3", {"blk.1.attn_output.scale": np.ones(1)}, {}, "'blk.1.attn_output.scale'"),
+# The matrix of what llama.cpp's loader (0.3.36) accepts for each architecture the native path runs,
+# beside the tensors every such file has: piece -> (the architectures whose loader takes it, extra
+# tensors, extra keys, what a refusal names). create_tensor_qkv takes q, k, v biases for all four; the
+# generic pass takes a `.scale` beside every projection; load_hparams reads the RoPE scaling type and
+# attention factor for all; the llama loader alone takes output and MLP biases and rope_freqs, the
+# qwen2 one an output bias. Each (architecture, piece) is either computed, and compared with
+# llama.cpp by a test (`COMPUTED`), or refused here by name.
+ALL = ("llama", "qwen2", "qwen3", "gemma3")
+SCALED = {"llama": "attn_q", "qwen2": "ffn_down", "qwen3": "attn_output", "gemma3": "ffn_gate"}
+PIECES = {
+    "qkv-biases": (ALL, lambda a: {} if a == "qwen2" else {  # the writer gives a Qwen2 its biases already
+        f"blk.0.attn_{n}.bias": np.zeros(HEAD * h) for n, h in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS))},
+        {}, ".bias'"),
+    # the generic pass takes one beside every projection; one a file, a different projection each
+    "scale": (ALL, lambda a: {f"blk.1.{SCALED[a]}.scale": np.ones(1)}, {}, ".scale'"),
+    "yarn": (ALL, lambda a: {}, lambda a: {f"{a}.rope.scaling.type": "yarn", f"{a}.rope.scaling.factor": 4.0}, "'yarn'"),
+    "attn_factor": (ALL, lambda a: {}, lambda a: {f"{a}.rope.scaling.attn_factor": 0.5}, "rope.scaling.attn_factor"),
+    "attn_output.bias": (("llama",), lambda a: {"blk.0.attn_output.bias": np.zeros(DIM)}, {}, "'blk.0.attn_output.bias'"),
+    "ffn_down.bias": (("llama",), lambda a: {"blk.1.ffn_down.bias": np.zeros(DIM)}, {}, "'blk.1.ffn_down.bias'"),
+    "ffn_up.bias": (("llama",), lambda a: {"blk.0.ffn_up.bias": np.zeros(HIDDEN)}, {}, "'blk.0.ffn_up.bias'"),
+    "ffn_gate.bias": (("llama",), lambda a: {"blk.0.ffn_gate.bias": np.zeros(HIDDEN)}, {}, "'blk.0.ffn_gate.bias'"),
+    "output.bias": (("qwen2",), lambda a: {"output.bias": np.zeros(49152)}, {}, "'output.bias'"),
+    "rope_freqs": (("llama",), lambda a: {"rope_freqs.weight": np.ones(HEAD // 2)}, {}, "'rope_freqs.weight'"),
 }
+# computed natively, each compared with llama.cpp on the same file by the test named
+COMPUTED = {("qwen2", "qkv-biases"): "test_gguf.py::test_qwen_architectures_match_llama_cpp_...",
+            ("llama", "rope_freqs"): "test_reading.py::test_llama3_rope_factors_are_applied_as_llama_cpp_applies_them"}
+CASES = {f"{arch}-{piece}": (arch, *rest) for piece, (archs, *rest) in PIECES.items() for arch in archs}
 
 
+def test_the_matrix_covers_every_piece_for_every_architecture_its_loader_takes_it_for():
+    assert len(CASES) == 4 * 4 + 6 and set(LAYERS) == set(ALL)
+    for arch, piece in COMPUTED:
+        assert f"{arch}-{piece}" in CASES
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_piece_llama_cpp_reads_and_the_native_path_does_not_compute_is_refused_by_name(case, tmp_path):
+def test_each_piece_llama_cpp_reads_is_computed_or_refused_by_name(case, tmp_path):
     arch, tensors, keys, named = CASES[case]
-    path = write_llama(tmp_path / f"{case}.gguf", architecture=arch, tensors=tensors, keys=keys)
+    piece = case.split("-", 1)[1]
+    path = write_llama(tmp_path / f"{case}.gguf", architecture=arch, tensors=tensors(arch),
+                       keys=keys(arch) if callable(keys) else keys)
     fields, names = _fields_and_tensors(path)
+    llama_cpp = pytest.importorskip("llama_cpp")
+    model = llama_cpp.Llama(str(path), n_ctx=64, verbose=False)  # llama.cpp reads the piece: no refusal of a dead file
+    assert model.n_vocab() == 49152
+    del model
     why = refusal(arch, fields, names)
+    if (arch, piece) in COMPUTED:  # compared with llama.cpp there
+        assert why is None, why
+        return
     assert why is not None and named in why, why
     from specdecode.models.native import load_native
 
     with pytest.raises(NativeRefusal, match="cannot run natively") as refused:
         load_native(path)
     assert named in str(refused.value) and "\n" not in str(refused.value)
-    llama_cpp = pytest.importorskip("llama_cpp")
     from specdecode.models.load import auto_backend
 
     backend, reason = auto_backend(str(path), "cpu")
     assert backend == "llama.cpp" and named in reason, reason
-    model = llama_cpp.Llama(str(path), n_ctx=64, verbose=False)  # llama.cpp reads the piece: no refusal of a dead file
-    assert model.n_vocab() == 49152
 
 
 def test_a_layer_with_some_of_its_q_k_v_biases_is_refused():
