@@ -156,3 +156,24 @@ def test_each_setting_has_one_default_which_the_parser_the_server_the_engine_and
                          r"|(max_batch|prompt_rows|prefix_bytes|prefix_memory|max_queue|max_gamma): int = \d")
     for module in ("cli/parser.py", "server/build.py", "server/engine.py", "batch.py", "gamma.py"):
         assert not written.search((ROOT / module).read_text()), (module, written.search((ROOT / module).read_text()))
+
+
+def test_create_app_only_wires_the_routes_defined_at_module_level():
+    """create_app builds the state and registers the routes (`server/routes/`); it defines none of
+    them: no route, handler or helper closes over it (no nested async def, no decorated nested
+    function), and it stays short."""
+    tree = ast.parse((ROOT / "server" / "app.py").read_text())
+    create_app = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "create_app")
+    lines = create_app.end_lineno - create_app.lineno + 1
+    assert lines < 60, f"create_app has {lines} lines"
+    nested = [node for node in ast.walk(create_app) if node is not create_app
+              and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    asynchronous = [node.name for node in nested if isinstance(node, ast.AsyncFunctionDef)]
+    decorated = [node.name for node in nested if node.decorator_list]
+    assert not asynchronous and not decorated, (asynchronous, decorated)
+    routes = [node for node in ast.walk(create_app) if isinstance(node, ast.Call)
+              and isinstance(node.func, ast.Attribute) and node.func.attr == "add_api_route"]
+    assert len(routes) == 9
+    # each endpoint is a module's function: routes.<module>.<name>
+    assert all(isinstance(call.args[1], ast.Attribute) and isinstance(call.args[1].value, ast.Name)
+               for call in routes), [ast.unparse(call.args[1]) for call in routes]

@@ -6,6 +6,8 @@ as a prompt longer than the context); this describes them for clients and for sc
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from ..checks import MAX_TOP_LOGPROBS
 from .request import EXTENSION, ROLES, Limits
 
@@ -118,9 +120,11 @@ def responses(*statuses: int, ok: dict | None = None, guarded: bool = True) -> d
     return documented
 
 
-def without_unsent_statuses(app) -> None:
+def without_unsent_statuses(app, model_ids: Sequence[str] = ()) -> None:
     """FastAPI documents a 422 for every route with parameters; this server never sends one (its own
-    checks answer 400), so its description leaves them out."""
+    checks answer 400), so its description leaves them out. Given `model_ids` (the ids the server
+    answers to), a `model_id` path parameter (GET /v1/models/{model_id}) lists them as its enum: its
+    route is defined at module level, before the ids are known."""
     from fastapi.openapi.utils import get_openapi
 
     def openapi() -> dict:
@@ -129,6 +133,11 @@ def without_unsent_statuses(app) -> None:
             for path in schema["paths"].values():
                 for operation in path.values():
                     operation.get("responses", {}).pop("422", None)
+                    for parameter in operation.get("parameters", []):
+                        if model_ids and parameter["in"] == "path" and parameter["name"] == "model_id":
+                            given = parameter["schema"]  # {"type": "string", "title": ...}: the enum after the type
+                            parameter["schema"] = {**{k: v for k, v in given.items() if k == "type"},
+                                                   "enum": list(model_ids), **given}
             components = schema.get("components", {}).get("schemas", {})
             for name in ("HTTPValidationError", "ValidationError"):
                 components.pop(name, None)

@@ -1,0 +1,182 @@
+"""POST /v1/chat/completions (chat turns through the model's chat template) and /v1/completions (a
+raw prompt: text, or token ids; several prompts decode together): each request's jobs go to the
+engine, and the reply is one body once they are done, or a stream of server-sent events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ...decode import TokenLogprob
+from ..engine import Job
+from ..metrics import CLIENT_LEFT
+from ..request import Request, RequestError, parse_request
+from ..state import ServerState
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", None: "stop"}
+
+
+def _fit(req: Request, prompt_tokens: int, window: int | None) -> Request:
+    """Check that the prompt and max_tokens fit the context window; an omitted max_tokens is capped
+    at the room the prompt leaves."""
+    if not window:
+        return req
+    room, asked = window - prompt_tokens, req.max_tokens_param
+    if asked is None and room > 0:
+        return replace(req, max_tokens=min(req.max_tokens, room))
+    if asked is not None and req.max_tokens <= room:
+        return req
+    need = f" and {asked} is {req.max_tokens} ({prompt_tokens + req.max_tokens} in all)" if asked else ""
+    fix = f"shorten the prompt or lower {asked}" if asked and room > 0 else "shorten the prompt"
+    param = asked if asked and room > 0 else ("messages" if req.kind == "chat" else "prompt")
+    raise RequestError(400, f"the prompt has {prompt_tokens} tokens{need}, but the model's context window holds "
+                            f"{window} tokens; {fix}", param, "context_length_exceeded")
+
+
+async def submit(state: ServerState, request: HTTPRequest, kind: str) -> list[Job]:
+    """The request's jobs: one, or one per prompt of a completions request with several (all
+    queued, or none: a refusal withdraws the ones already queued)."""
+    req = parse_request(await state.read_json(request), kind, state.limits)
+    state.check_model(req.model)
+    requests = [req] if len(req.prompts) < 2 else [replace(req, prompt=p, prompts=(p,)) for p in req.prompts]
+    jobs = []
+    for one in requests:
+        ids = state.encode(one)
+        jobs.append(Job(_fit(one, len(ids), state.target.max_positions), ids, asyncio.get_running_loop(),
+                        asyncio.Queue()))
+    try:
+        for job in jobs:
+            state.engine.submit(job)
+    except RequestError:
+        for job in jobs:
+            job.cancelled.set()
+        raise
+    return jobs
+
+
+async def collect(state: ServerState, job: Job, kind: str) -> dict | None:
+    """The reply's body once its job is done; None where the client left first (`watch_client`)."""
+    pieces, entries = [], []
+    try:
+        while True:
+            event, value = await job.events.get()
+            if event == "left":
+                return None
+            if event == "piece":
+                pieces.append(value.accepted_text + value.target_text)
+                entries += value.step.logprobs or []
+            elif event == "error":
+                raise state.generation_failed(job, value)
+            else:
+                break
+    finally:
+        job.cancelled.set()  # a no-op once done; stops the generation if this handler was cancelled
+    text, finish = "".join(pieces), FINISH[job.stats.finish_reason]
+    logprobs = (None if job.request.logprobs is None
+                else state.logprobs_of(kind, state.kept(entries, text, job.stats.finish_reason)))
+    if job.request.echo:  # the prompt, then the completion; its first token has no log-probability
+        req = job.request
+        prompt = req.prompt if isinstance(req.prompt, str) else state.target.tokenizer.decode(job.prompt_ids)
+        if logprobs is not None:
+            first = state.logprobs_of(kind, [TokenLogprob(job.prompt_ids[0], None, [])] + job.prompt_logprobs)
+            first["top_logprobs"][0] = None
+            shift = sum(len(t) for t in first["tokens"])
+            logprobs = {key: first[key] + ([o + shift for o in logprobs[key]] if key == "text_offset"
+                                           else logprobs[key]) for key in first}
+        text = prompt + text
+    choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
+               "logprobs": logprobs}
+              if kind == "chat" else {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs})
+    return {**state.envelope(kind, state.new_id(kind), False), "choices": [choice], "usage": state.usage(job)}
+
+
+async def watch_client(request: HTTPRequest, jobs: list[Job]) -> None:
+    """Cancel `jobs` as soon as their client disconnects (its body read, the next message the
+    server gets for the request is the disconnect): the engine frees their slots before its next
+    forward, and `collect` answers 499."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    for job in jobs:
+        job.cancelled.set()
+        job.events.put_nowait(("left", None))
+
+
+async def stream(state: ServerState, job: Job, kind: str):
+    rid = state.new_id(kind)
+
+    def chunk(text: str | None, finish: str | None = None, role: bool = False, logprobs: dict | None = None,
+              **extra) -> str:
+        if kind == "chat":
+            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            if logprobs is not None:
+                choice["logprobs"] = logprobs
+        else:
+            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
+        return "data: " + json.dumps({**state.envelope(kind, rid, True), "choices": [choice], **extra}) + "\n\n"
+
+    shown = 0  # characters streamed so far (completions' text offsets)
+
+    try:
+        if kind == "chat":
+            yield chunk(None, role=True)
+        while True:
+            event, value = await job.events.get()
+            if event == "piece":
+                text = value.accepted_text + value.target_text
+                entries = value.step.logprobs if job.request.logprobs is not None else None
+                if entries and value.finish_reason == "stop":
+                    entries = state.kept(entries, text, "stop")
+                if text or entries:
+                    yield chunk(text, logprobs=None if not entries else state.logprobs_of(kind, entries, shown))
+                shown += len(text)
+            elif event == "error":
+                yield "data: " + json.dumps(state.generation_failed(job, value).body()) + "\n\n"
+                break
+            else:
+                yield chunk(None, FINISH[job.stats.finish_reason])
+                if job.request.include_usage:  # as OpenAI: one more chunk, with no choices
+                    yield "data: " + json.dumps({**state.envelope(kind, rid, True), "choices": [],
+                                                 "usage": state.usage(job)}) + "\n\n"
+                break
+        yield "data: [DONE]\n\n"
+    finally:
+        job.cancelled.set()  # the client left (or the stream ended): free the slot
+
+
+async def complete(request: HTTPRequest, kind: str):
+    state: ServerState = request.app.state.server
+    jobs = await submit(state, request, kind)
+    if jobs[0].request.stream:
+        return StreamingResponse(stream(state, jobs[0], kind), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    bodies, watcher = [], asyncio.create_task(watch_client(request, jobs))
+    try:
+        for job in jobs:  # decoded together in the engine's batch; collected in order
+            body = await collect(state, job, kind)
+            if body is None:
+                return Response(status_code=CLIENT_LEFT)
+            bodies.append(body)
+    finally:
+        watcher.cancel()
+    if len(bodies) == 1:
+        return JSONResponse(bodies[0])
+    # several prompts: a choice each (index = the prompt's), the token counts summed, and each
+    # prompt's speculation statistics in order
+    merged = {**bodies[0], "choices": [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]}
+    merged["usage"] = {key: sum(b["usage"][key] for b in bodies)
+                       for key in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    merged["usage"]["speculative"] = [b["usage"]["speculative"] for b in bodies]
+    return JSONResponse(merged)
+
+
+async def chat_completions(request: HTTPRequest):
+    return await complete(request, "chat")
+
+
+async def completions(request: HTTPRequest):
+    return await complete(request, "completion")
