@@ -314,10 +314,9 @@ def test_fields_sent_at_their_neutral_value_are_accepted_and_change_nothing(clie
 
 
 @pytest.mark.parametrize("field, value", [
-    ("presence_penalty", 0.5), ("frequency_penalty", -1),
     ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
     ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
-    ("tool_choice", "required"), ("store", True), ("logit_bias", {"42": 5}), ("n", 2),
+    ("tool_choice", "required"), ("store", True), ("n", 2),
 ])
 def test_a_value_the_server_cannot_honour_is_refused_by_name(client, field, value):
     with pytest.raises(openai.BadRequestError) as refused:
@@ -738,3 +737,21 @@ def test_a_client_that_leaves_a_non_streamed_request_stops_it_and_max_tokens_rea
         assert reply[0] == 200 and reply[1]["choices"][0]["finish_reason"] == "stop"
     finally:
         _stop(process)
+
+
+def test_sampling_controls_reshape_the_reply_and_speculation_keeps_it(server, client):
+    """logit_bias, penalties and min_p as clients send them: the reply's first token banned never
+    starts it, each control changes the greedy reply, and the reply is the same with speculation as
+    with gamma 0 (plain decoding)."""
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "Repeat exactly: one two one two one two"}],
+               temperature=0, max_tokens=24)
+    plain = client.chat.completions.create(**ask).choices[0].message.content
+    banned = post(server[0], "/tokenize", {"content": plain, "add_special": False})[1]["tokens"][0]
+    for controls in ({"logit_bias": {str(banned): -100}}, {"presence_penalty": 1.5, "frequency_penalty": 0.5},
+                     {"repetition_penalty": 1.5, "min_p": 0.05}, {"repeat_penalty": 1.5}):
+        speculative, alone = (client.chat.completions.create(**ask, extra_body={**controls, "specdecode": {"gamma": g}})
+                              .choices[0].message.content for g in ("auto", 0))
+        assert speculative == alone and speculative != plain, controls
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(**ask, logit_bias={"999999": 1})
+    assert refused.value.response.json()["error"]["param"] == "logit_bias"

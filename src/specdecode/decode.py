@@ -188,6 +188,7 @@ class Decoding:
         drafter.begin(prompt)
         self.limit = target.max_positions
         self.context = list(prompt)
+        self.prompt_length = len(prompt)
         self.cache = target.new_cache() if cache is None else cache
         drafter.attach(self.cache)  # a feature draft reads the target's features from it
         self.emitted = 0
@@ -214,6 +215,20 @@ class Decoding:
                 self.policies[key] = self.policies[None].fresh()
             self.policy = self.policies[key]
         return self.policy
+
+    def adjusted(self, logits: torch.Tensor, draft: Draft) -> torch.Tensor:
+        """logits [1, g+1, V] of a call under `SamplingParams.adjust`: row 0 after the context, row
+        i + 1 after draft token i of a chain (the tokens before it too) or of a tree (its ancestors):
+        each verified position is scored with the counts its own prefix implies, never the step's."""
+        output, tokens = self.context[self.prompt_length:], draft.tokens[0].tolist()
+        if draft.parents is None:
+            histories = [output + tokens[:i] for i in range(logits.shape[1])]
+        else:
+            paths: list[list[int]] = []
+            for node, parent in enumerate(draft.parents):
+                paths.append((paths[parent] if parent >= 0 else []) + [tokens[node]])
+            histories = [output] + [output + path for path in paths]
+        return self.params.adjust(logits[0], self.context[: self.prompt_length], histories)[None]
 
     def prepare(self, gamma: int | None = None) -> ForwardCall:
         """Steps 1-3: plan, draft, and the target call that scores the draft. `gamma` overrides the
@@ -280,6 +295,9 @@ class Decoding:
         g, cache, drafter, policy = draft.gamma, self.cache, self.drafter, self.policy
         # 4. Verify (`verify.verify_draft`): keep n draft tokens (a chain's prefix, a tree's path), add
         #    one corrected or bonus token.
+        raw = logits  # the target's own: what logprobs report
+        if self.params.adjusts:  # logit_bias and penalties, each row under the history its own prefix implies
+            logits = self.adjusted(logits, draft)
         outcome = verify_draft(draft, shadow_draft, logits, self.params, self.gen, self.lenience)
         t2 = self.clock()
         new, n, betas = outcome.tokens, outcome.num_accepted, outcome.betas
@@ -307,7 +325,7 @@ class Decoding:
         return Step(tokens=new, num_accepted=min(n, len(new)), proposed=draft.tokens[0].tolist(), betas=betas,
                     draft_seconds=t1 - t0, target_seconds=t2 - began, finish_reason=finish,
                     tree=draft.parents is not None, forecast=forecast,
-                    logprobs=None if self.logprobs is None else token_logprobs(logits, new, outcome.path,
+                    logprobs=None if self.logprobs is None else token_logprobs(raw, new, outcome.path,
                                                                                self.logprobs))
 
 
@@ -330,12 +348,14 @@ def autoregressive_decode(
     gen = make_generator(seed, generator, target.device)
     limit = target.max_positions
     cache = target.new_cache()
-    length = len(prompt)
+    length, output = len(prompt), []
     tokens = torch.tensor([list(prompt)])  # the first call prefills the prompt, later ones feed one token
     for emitted in range(max_new_tokens):
         t0 = time.perf_counter()
         logits = target.forward(tokens, cache, num_logits=1)  # [1, 1, V]
-        token = int(draw(logits[:, -1], params, gen))
+        row = params.adjust(logits[:, -1], prompt, [output]) if params.adjusts else logits[:, -1]
+        token = int(draw(row, params, gen))
+        output.append(token)
         t1 = time.perf_counter()
         new, finish = _finish([token], emitted, max_new_tokens, eos, (limit - length) if limit else None)
         length += 1

@@ -109,7 +109,10 @@ def sequence_distribution(model: ToyModel, prompt: list[int], params: SamplingPa
         if len(seq) == length or (seq and seq[-1] in eos):
             dist[seq] = dist.get(seq, 0.0) + mass
             return
-        probs = params.probs(model.logits_for(tuple(prompt) + seq))
+        logits = model.logits_for(tuple(prompt) + seq)
+        if params.adjusts:  # logit_bias and penalties: under the history before this position
+            logits = params.adjust(logits[None], prompt, [list(seq)])[0]
+        probs = params.probs(logits)
         for token, p in enumerate(probs.tolist()):
             if p > 0:
                 walk(seq + (token,), mass * p)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -22,12 +23,28 @@ class SamplingParams:
     top_k: keep the k most likely tokens (0 = no limit).
     top_p: keep the smallest set of most likely tokens whose mass reaches top_p (1 = no limit).
     greedy: a point mass on the argmax (ties go to the lowest token id).
+    min_p: drop the tokens whose probability (after temperature and top-k) is below min_p times the
+        best token's (0 = none; vLLM's and llama.cpp's meaning).
+    logit_bias: (token id, bias) pairs added to the logits (OpenAI's; -100 bans a token in practice).
+    presence_penalty, frequency_penalty: OpenAI's: a token's logit less presence_penalty if it
+        appeared in the output so far, and less frequency_penalty times how often.
+    repetition_penalty: vLLM's and llama.cpp's (`repeat_penalty`): a token that appeared in the
+        prompt or the output has its logit divided by it where positive, multiplied where negative.
+
+    The last four depend on the tokens before each position (`adjust`): the decode loop applies them
+    to each verified position with the history its own prefix implies, drafted tokens before it
+    included, so speculation stays exact under them.
     """
 
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
     greedy: bool = False
+    min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature):
@@ -38,8 +55,49 @@ class SamplingParams:
             raise ValueError(f"top_k must be an integer >= 0 (0 = no limit), got {self.top_k!r}")
         if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.min_p, (int, float)) or not (0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {value!r}")
+        if (isinstance(self.repetition_penalty, bool) or not isinstance(self.repetition_penalty, (int, float))
+                or not 0.0 < self.repetition_penalty <= 10.0):
+            raise ValueError(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty!r}")
+        bias = tuple(sorted((int(t), float(b)) for t, b in dict(self.logit_bias).items()))
+        if any(t < 0 or not -100.0 <= b <= 100.0 for t, b in bias):
+            raise ValueError("logit_bias maps token ids >= 0 to biases in [-100, 100]")
+        object.__setattr__(self, "logit_bias", bias)
         if self.temperature == 0 and not self.greedy:
             object.__setattr__(self, "greedy", True)
+
+    @property
+    def adjusts(self) -> bool:
+        """Whether `adjust` changes anything (logit_bias or a penalty is set)."""
+        return bool(self.logit_bias) or self.presence_penalty != 0 or self.frequency_penalty != 0 or \
+            self.repetition_penalty != 1
+
+    def adjust(self, logits: torch.Tensor, prompt: Sequence[int], outputs: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Row i of logits [k, V] under the controls that depend on what came before it: logit_bias,
+        then the repetition penalty over `prompt` and outputs[i], then the presence and frequency
+        penalties over outputs[i] (the tokens generated before row i's position) -> float32 [k, V]."""
+        V = logits.shape[-1]
+        out = logits.float().clone()
+        if self.logit_bias:
+            ids = torch.tensor([t for t, _ in self.logit_bias if t < V], dtype=torch.long)
+            out[:, ids] += torch.tensor([b for t, b in self.logit_bias if t < V])
+        if self.repetition_penalty == 1 and not self.presence_penalty and not self.frequency_penalty:
+            return out
+        in_prompt = torch.bincount(torch.tensor(list(prompt), dtype=torch.long), minlength=V)[:V] > 0  # [V]
+        for i, output in enumerate(outputs):
+            counts = torch.bincount(torch.tensor(list(output), dtype=torch.long), minlength=V)[:V].float()  # [V]
+            row = out[i]
+            if self.repetition_penalty != 1:
+                seen = in_prompt | (counts > 0)
+                divided = (row / self.repetition_penalty).clamp(max=torch.finfo(torch.float32).max)  # a tiny penalty
+                row = torch.where(seen, torch.where(row > 0, divided, row * self.repetition_penalty), row)
+            out[i] = row - self.frequency_penalty * counts - self.presence_penalty * (counts > 0).float()
+        return out
 
     @property
     def is_greedy(self) -> bool:
@@ -63,6 +121,9 @@ class SamplingParams:
             kth = torch.topk(logits, self.top_k, dim=-1).values[..., -1:]  # [..., 1]
             logits = logits.masked_fill(logits < kth, float("-inf"))
         probs = torch.softmax(logits, dim=-1)
+        if self.min_p > 0:  # relative to the best token, whose probability is exp(0) / Z
+            probs = probs.masked_fill(probs < self.min_p * probs.amax(-1, keepdim=True), 0.0)
+            probs = probs / probs.sum(-1, keepdim=True)
         if self.top_p < 1.0:
             sorted_probs, order = probs.sort(dim=-1, descending=True)
             mass_before = sorted_probs.cumsum(-1) - sorted_probs  # mass of strictly better tokens

@@ -62,7 +62,9 @@ def load_drafter(args: argparse.Namespace, target):
 def sampling_params(args: argparse.Namespace):
     from ..sampling import SamplingParams
 
-    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                          repetition_penalty=args.repetition_penalty, logit_bias=dict(args.logit_bias))
 
 
 def gamma_policy(gamma, max_gamma: int, target):

@@ -61,6 +61,25 @@ def _sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = all)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = all)")
+    parser.add_argument("--min-p", type=float, default=0.0,
+                        help="drop tokens below this share of the best token's probability (0 = none)")
+    parser.add_argument("--presence-penalty", type=float, default=0.0,
+                        help="OpenAI's: lower a token that is already in the output by this, in [-2, 2]")
+    parser.add_argument("--frequency-penalty", type=float, default=0.0,
+                        help="OpenAI's: lower a token by this times how often it is already in the output, in [-2, 2]")
+    parser.add_argument("--repetition-penalty", "--repeat-penalty", type=float, default=1.0,
+                        help="llama.cpp's and vLLM's: a token already in the prompt or the output has its logit "
+                             "divided by this (multiplied where negative); 1 = none")
+    parser.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS", type=_bias,
+                        help="add BIAS in [-100, 100] to token ID's logit (repeatable)")
+
+
+def _bias(value: str) -> tuple[int, float]:
+    token, _, bias = value.partition("=")
+    try:
+        return int(token), float(bias)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected TOKEN_ID=BIAS, e.g. 42=-100, got {value!r}") from None
 
 
 def _prompt_options(parser: argparse.ArgumentParser, required: bool) -> None:

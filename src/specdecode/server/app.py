@@ -126,7 +126,8 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(),
     generated = responses(400, 404, 413, 429, guarded=keyed, ok={"application/json": {"schema": {"type": "object"}},
                                                                   "text/event-stream": {"schema": event}})
     app.add_api_route("/v1/chat/completions", generation.chat_completions, methods=["POST"],
-                      openapi_extra=request_body(chat_body(limits, names, engine.drafts)), responses=generated)
+                      openapi_extra=request_body(chat_body(limits, names, engine.drafts, state.vocab)),
+                      responses=generated)
     app.add_api_route("/v1/completions", generation.completions, methods=["POST"],
                       openapi_extra=request_body(completion_body(limits, names, engine.drafts, state.vocab)),
                       responses=generated)

@@ -35,9 +35,6 @@ def _zero(value) -> bool:
 # OpenAI fields this server honours only at their neutral value (null always passes): clients send
 # them set to that value, which changes nothing; any other value is refused by name.
 NEUTRAL = {
-    "presence_penalty": (_zero, "0"),
-    "frequency_penalty": (_zero, "0"),
-    "logit_bias": (lambda v: v == {}, "{}"),
     "response_format": (lambda v: v == {"type": "text"}, '{"type": "text"}'),
     "tools": (lambda v: v == [], "[]"),
     "functions": (lambda v: v == [], "[]"),
@@ -55,8 +52,10 @@ NEUTRAL = {
 HARMLESS = {"user": (str, "a string"), "metadata": (dict, "an object"), "parallel_tool_calls": (bool, "a boolean"),
             "service_tier": (str, "a string"), "prompt_cache_key": (str, "a string"),
             "safety_identifier": (str, "a string")}
+# the sampling controls that reshape the target's distribution at each position (`SamplingParams`)
+CONTROLS = {"presence_penalty", "frequency_penalty", "repetition_penalty", "repeat_penalty", "min_p", "logit_bias"}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "stream", "stream_options", "n",
-          "logprobs", EXTENSION} | set(NEUTRAL) | set(HARMLESS)
+          "logprobs", EXTENSION} | set(NEUTRAL) | set(HARMLESS) | CONTROLS
 FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"},
           "completion": COMMON | {"prompt", "echo"}}
 EXTENSION_FIELDS = {"draft", "gamma", "top_k", "lenience"}
@@ -274,6 +273,33 @@ def _logprobs(body: dict, kind: str) -> int | None:
     return (top or 0) if value else None
 
 
+def _controls(body: dict) -> dict:
+    """The controls that reshape each position's distribution, as OpenAI (presence_penalty,
+    frequency_penalty, logit_bias), vLLM and llama-server (repetition_penalty, llama.cpp's
+    repeat_penalty, min_p) name them -> SamplingParams' fields."""
+    if "repetition_penalty" in body and "repeat_penalty" in body:
+        raise _bad("send 'repetition_penalty' or 'repeat_penalty' (the same control), not both", "repeat_penalty",
+                   "invalid_value")
+    repetition = "repeat_penalty" if body.get("repeat_penalty") is not None else "repetition_penalty"
+    bias = body.get("logit_bias")
+    if bias is None:
+        bias = {}
+    if not isinstance(bias, dict):
+        raise _bad("'logit_bias' must be an object mapping token ids to biases", "logit_bias", "invalid_type")
+    pairs = {}
+    for token, value in bias.items():
+        if not re.fullmatch(r"0|[1-9][0-9]*", token):
+            raise _bad(f"'logit_bias' keys are token ids, got {token!r}", "logit_bias", "invalid_value")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise _bad(f"'logit_bias' values are biases in [-100, 100], got {value!r} for token {token}", "logit_bias",
+                       "invalid_value")
+        pairs[int(token)] = float(value)
+    return dict(presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+                frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+                repetition_penalty=_number(body, repetition, 1.0, 0.0, 10.0, low_open=True),
+                min_p=_number(body, "min_p", 0.0, 0.0, 1.0), logit_bias=pairs)
+
+
 def _echo(body: dict, stream: bool) -> bool:
     echo = body.get("echo")
     if echo is None:
@@ -380,7 +406,7 @@ def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
         messages=_messages(body) if kind == "chat" else None,
         prompt=prompts[0] if prompts else None, prompts=prompts,
         max_tokens=max_tokens, max_tokens_param=name,
-        params=SamplingParams(temperature=temperature, top_p=top_p, top_k=ext.get("top_k", 0)),
+        params=SamplingParams(temperature=temperature, top_p=top_p, top_k=ext.get("top_k", 0), **_controls(body)),
         stop=_stop(body), seed=seed, stream=stream, include_usage=stream and include_usage,
         draft=ext.get("draft"), gamma=ext.get("gamma"), lenience=ext.get("lenience", 1.0),
         logprobs=_logprobs(body, kind), echo=_echo(body, stream),

@@ -33,7 +33,18 @@ def _max_tokens(limits: Limits) -> dict:
     return {"type": "integer", "minimum": 1, **cap}
 
 
-def _common(limits: Limits, names: list[str], drafts: list[str]) -> dict:
+def _below(n: int) -> str:
+    """A pattern of the decimal integers 0..n-1 (no leading zeros): token ids of a vocabulary of n."""
+    top = str(n - 1)
+    alternatives = ["0"] + ([f"[1-9][0-9]{{0,{len(top) - 2}}}"] if len(top) > 1 else [])
+    for i, digit in enumerate(top):  # numbers of top's length below it: a smaller digit at place i
+        least = 1 if i == 0 else 0
+        if int(digit) > least:
+            alternatives.append(top[:i] + f"[{least}-{int(digit) - 1}]" + "[0-9]" * (len(top) - i - 1))
+    return "^(" + "|".join(alternatives + [top]) + ")$"
+
+
+def _common(limits: Limits, names: list[str], drafts: list[str], vocab: int) -> dict:
     """The fields chat and completions requests share (`names`: the model ids the server answers to;
     `drafts`: the drafters a request may name)."""
     return {
@@ -46,6 +57,13 @@ def _common(limits: Limits, names: list[str], drafts: list[str]) -> dict:
         "stream": {"anyOf": [{"type": "boolean"}, {"type": "null"}]},
         "stream_options": _nullable({"type": "object", "properties": {"include_usage": _nullable({"type": "boolean"})}}),
         "n": {"anyOf": [{"const": 1}, {"type": "null"}]},
+        "presence_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
+        "frequency_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
+        "repetition_penalty": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 10}),
+        "repeat_penalty": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 10}),
+        "min_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
+        "logit_bias": _nullable({"type": "object", "propertyNames": {"pattern": _below(vocab)},
+                                 "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}}),
         EXTENSION: _nullable({"type": "object", "additionalProperties": False, "properties": {
             "draft": _nullable({"enum": list(drafts)}),
             "gamma": _nullable({"anyOf": [{"type": "integer", "minimum": 0, "maximum": limits.max_gamma},
@@ -55,29 +73,34 @@ def _common(limits: Limits, names: list[str], drafts: list[str]) -> dict:
     }
 
 
-def chat_body(limits: Limits, names: list[str], drafts: list[str]) -> dict:
+ONE_REPETITION_NAME = {"required": ["repetition_penalty", "repeat_penalty"]}  # one control, two names: one of them
+
+
+def chat_body(limits: Limits, names: list[str], drafts: list[str], vocab: int) -> dict:
     message = {"type": "object", "required": ["role", "content"], "additionalProperties": False, "properties": {
         "role": {"enum": list(ROLES)},
         "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]},
         "name": {"type": "string"}}}
     return {"type": "object", "required": ["model", "messages"], "additionalProperties": False, "properties": {
-        **_common(limits, names, drafts),
+        **_common(limits, names, drafts, vocab),
         "messages": {"type": "array", "minItems": 1, "items": message},
         "max_completion_tokens": {"anyOf": [_max_tokens(limits), {"type": "null"}]},
         "logprobs": {"anyOf": [{"type": "boolean"}, {"type": "null"}]},
         "top_logprobs": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS}, {"type": "null"}]},
-    }, "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer", "minimum": 1}}},
+    }, "not": ONE_REPETITION_NAME,
+        "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer", "minimum": 1}}},
         "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}  # alternatives need logprobs
 
 
 def completion_body(limits: Limits, names: list[str], drafts: list[str], vocab: int) -> dict:
     one = {"anyOf": [{"type": "string", "minLength": 1}, _ids(vocab)]}
     return {"type": "object", "required": ["model", "prompt"], "additionalProperties": False, "properties": {
-        **_common(limits, names, drafts),
+        **_common(limits, names, drafts, vocab),
         "prompt": {"anyOf": [one, {"type": "array", "minItems": 1, "maxItems": limits.max_prompts, "items": one}]},
         "logprobs": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS}, {"type": "null"}]},
         "echo": {"anyOf": [{"type": "boolean"}, {"type": "null"}]},
-    }, "if": {"required": ["stream"], "properties": {"stream": {"const": True}}},  # a stream: no echo, one prompt
+    }, "not": ONE_REPETITION_NAME,
+        "if": {"required": ["stream"], "properties": {"stream": {"const": True}}},  # a stream: no echo, one prompt
         "then": {"properties": {"echo": {"not": {"const": True}},
                                 "prompt": {"not": {"type": "array", "minItems": 2,
                                                    "items": {"type": ["string", "array"]}}}}}}

@@ -96,6 +96,10 @@ class ServerState:
         return decode_body(bytes(body))
 
     def encode(self, req) -> list[int]:
+        biased = next((t for t, _ in req.params.logit_bias if t >= self.vocab), None)
+        if biased is not None:
+            raise RequestError(400, f"'logit_bias' names token id {biased}; the model's vocabulary has ids "
+                                    f"0..{self.vocab - 1}", "logit_bias", "invalid_value")
         if req.kind == "chat":
             try:
                 return encode_chat(self.target.tokenizer, req.messages)

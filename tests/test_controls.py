@@ -1,0 +1,89 @@
+"""Every sampling control clients send, exact under speculation: logit_bias, presence, frequency and
+repetition penalties and min_p. The ones that depend on the tokens before a position are applied to
+each verified position with the history its own prefix implies (`Decoding.adjusted`), so speculative
+samples follow the controlled target's distribution over whole sequences, chains and trees alike;
+a loop that applies them once a step, from the step's start, is caught."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdecode import ModelDrafter, PromptLookupDrafter, SamplingParams, autoregressive_decode, speculative_decode
+from specdecode.decode import Decoding
+from specdecode.lossless import toy_world, whole_sequence_pvalue
+from test_lossless import RandomTreeDrafter
+
+CONTROLS = {
+    "presence 1.2": SamplingParams(presence_penalty=1.2),
+    "frequency 0.9": SamplingParams(frequency_penalty=0.9),
+    "repetition 2": SamplingParams(repetition_penalty=2.0),
+    "logit_bias": SamplingParams(logit_bias={1: 1.5, 2: -0.7}),
+    "min_p 0.3": SamplingParams(min_p=0.3),
+    "all, temperature 0.8": SamplingParams(temperature=0.8, presence_penalty=0.6, frequency_penalty=0.4,
+                                           repetition_penalty=1.3, logit_bias={0: 0.5}, min_p=0.05),
+}
+
+
+def test_the_controls_follow_openais_and_vllms_definitions():
+    params = SamplingParams(logit_bias={3: 2.0}, presence_penalty=0.5, frequency_penalty=0.25, repetition_penalty=2.0)
+    logits = torch.tensor([[1.0, -1.0, 2.0, 0.0, 3.0]] * 2)
+    out = params.adjust(logits, prompt=[4], outputs=[[], [2, 2, 1]])
+    # row 0: the bias on 3; the prompt's token 4 repeated: 3 / 2 (positive: divided)
+    assert out[0].tolist() == [1.0, -1.0, 2.0, 2.0, 1.5]
+    # row 1: 2 twice (2 / 2 - 0.25 * 2 - 0.5), 1 once (-1 * 2, negative: multiplied, - 0.25 - 0.5)
+    assert out[1].tolist() == pytest.approx([1.0, -2.75, 0.0, 2.0, 1.5])
+    probs = SamplingParams(min_p=0.5).probs(torch.tensor([0.0, -0.5, -1.0, 2.0]))
+    assert (probs > 0).tolist() == [False, False, False, True]  # e^0 / e^2 < 0.5
+    for bad in (dict(presence_penalty=3), dict(repetition_penalty=0), dict(min_p=1.5), dict(logit_bias={1: 200})):
+        with pytest.raises(ValueError):
+            SamplingParams(**bad)
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("control", CONTROLS)
+def test_speculative_samples_follow_the_controlled_target_over_whole_sequences(control):
+    world = toy_world()
+    assert whole_sequence_pvalue(ModelDrafter(world.draft), world.target, 3, CONTROLS[control]) > 1e-3
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("control", ["presence 1.2", "repetition 2", "all, temperature 0.8"])
+def test_draft_trees_follow_the_controlled_target_over_whole_sequences(control):
+    world = toy_world()
+    assert whole_sequence_pvalue(RandomTreeDrafter(), world.target, 4, CONTROLS[control]) > 1e-3
+
+
+@pytest.mark.statistical
+def test_penalties_applied_from_the_steps_start_are_caught(monkeypatch):
+    """The engines' mistake: every row of a call scored with the counts at the step's start, as if
+    the drafted tokens before it had not been emitted."""
+    def from_the_start(self, logits, draft):
+        output = self.context[self.prompt_length:]
+        return self.params.adjust(logits[0], self.context[: self.prompt_length], [output] * logits.shape[1])[None]
+
+    monkeypatch.setattr(Decoding, "adjusted", from_the_start)
+    world = toy_world()
+    assert whole_sequence_pvalue(ModelDrafter(world.draft), world.target, 3, CONTROLS["presence 1.2"]) < 1e-6
+
+
+# each with a prompt under which it moves the toy's greedy choices (a presence penalty only once the
+# output holds some of the three tokens and not others, a repetition penalty where the prompt does not
+# hold all three already)
+GREEDY = {"presence": (dict(presence_penalty=2.0), [2, 1, 0]), "frequency": (dict(frequency_penalty=1.0), [0, 0, 0]),
+          "repetition": (dict(repetition_penalty=5.0), [0, 0, 0]), "logit_bias": (dict(logit_bias={1: 2.0}), [0])}
+
+
+@pytest.mark.parametrize("control", GREEDY)
+def test_greedy_output_under_each_control_is_the_same_with_and_without_speculation(control):
+    world = toy_world()
+    controls, prompt = GREEDY[control]
+    params = SamplingParams(temperature=0, **controls)
+    plain = [t for s in autoregressive_decode(world.target, prompt, params=params, max_new_tokens=20)
+             for t in s.tokens]
+    for drafter in (ModelDrafter(world.draft), PromptLookupDrafter(), RandomTreeDrafter()):
+        steps = list(speculative_decode(world.target, drafter, prompt, gamma=3, params=params, max_new_tokens=20))
+        assert [t for s in steps for t in s.tokens] == plain, (control, type(drafter).__name__)
+    unpenalised = [t for s in autoregressive_decode(world.target, prompt, params=SamplingParams(temperature=0),
+                                                   max_new_tokens=20) for t in s.tokens]
+    assert plain != unpenalised  # the control changes the output: the comparison is not vacuous
