@@ -186,7 +186,8 @@ BAD = [
     (chat(max_tokens=0), None, 400, "invalid_value"),
     (chat(max_tokens=65), None, 400, "invalid_value"),
     (chat(max_tokens=2.5), None, 400, "invalid_type"),
-    (chat(n=2), None, 400, "unsupported_value"),
+    (chat(n=2, stream=True), None, 400, "unsupported_value"),
+    (chat(n=0), None, 400, "invalid_value"),
     (chat(stream="yes"), None, 400, "invalid_type"),
     (chat(stop=["a", "b", "c", "d", "e"]), None, 400, "invalid_value"),
     (chat(stop=[""]), None, 400, "invalid_value"),
@@ -316,7 +317,7 @@ def test_fields_sent_at_their_neutral_value_are_accepted_and_change_nothing(clie
 @pytest.mark.parametrize("field, value", [
     ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
     ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
-    ("tool_choice", "required"), ("store", True), ("n", 2),
+    ("tool_choice", "required"), ("store", True),
 ])
 def test_a_value_the_server_cannot_honour_is_refused_by_name(client, field, value):
     with pytest.raises(openai.BadRequestError) as refused:
@@ -755,3 +756,25 @@ def test_sampling_controls_reshape_the_reply_and_speculation_keeps_it(server, cl
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(**ask, logit_bias={"999999": 1})
     assert refused.value.response.json()["error"]["param"] == "logit_bias"
+
+
+def test_n_choices_decode_together_each_with_its_own_seed_and_usage_counts_the_prompt_once(client):
+    """n up to --max-batch (2 on this server): the choices decode together, choice i on seed + i.
+    Plain decoding (gamma 0) draws one number a token, so each choice is the reply its seed gets
+    alone; with speculation the draws depend on how many tokens each call verified, so a choice is
+    another exact sample."""
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me a one-line joke."}], temperature=1.0,
+               max_tokens=16, seed=7)
+    plain = {"specdecode": {"gamma": 0}}
+    reply = client.chat.completions.create(**ask, n=2, extra_body=plain)
+    assert [c.index for c in reply.choices] == [0, 1]
+    alone = [client.chat.completions.create(**{**ask, "seed": 7 + i}, extra_body=plain) for i in range(2)]
+    assert [c.message.content for c in reply.choices] == [a.choices[0].message.content for a in alone]
+    assert alone[0].choices[0].message.content != alone[1].choices[0].message.content  # two seed streams
+    assert reply.usage.prompt_tokens == alone[0].usage.prompt_tokens  # the prompt counted once
+    assert reply.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    speculative = client.chat.completions.create(**ask, n=2)
+    assert len(speculative.choices) == 2 and all(c.message.content for c in speculative.choices)
+    timings = alone[0].model_extra["timings"]
+    assert timings["prompt_n"] == alone[0].usage.prompt_tokens
+    assert timings["predicted_n"] == alone[0].usage.completion_tokens and timings["draft_n"] == 0

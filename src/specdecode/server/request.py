@@ -101,6 +101,7 @@ class Request:
     logprobs: int | None = None  # each token's log-probability with this many alternatives; None: none
     echo: bool = False  # completions: the prompt before the completion (with its log-probabilities)
     prompts: tuple = ()  # completions: every prompt of the request (a choice each); `prompt` is the first
+    n: int = 1  # choices to sample for the prompt, each with its own seed (the request's plus its index)
 
 
 MAX_DEPTH = 64  # how deep a body's arrays and objects may nest (Python's parser recurses, ~1,000 at most)
@@ -371,9 +372,7 @@ def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("'model' is required and must be a string", "model", "missing_required_parameter")
-    n = body.get("n", 1)
-    if n is not None and (n != 1 or isinstance(n, bool)):
-        raise _bad(f"only n = 1 is supported, got {n!r}", "n", "unsupported_value")
+    n = 1 if body.get("n") is None else _integer(body["n"], "n", 1, limits.max_prompts)
     asked = {name: _integer(body[name], name, 1, limits.max_tokens)  # each one sent is checked
              for name in ("max_tokens", "max_completion_tokens") if body.get(name) is not None}
     name = next(iter(sorted(asked, key=len, reverse=True)), None)  # max_completion_tokens wins, as OpenAI's
@@ -399,6 +398,8 @@ def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
     prompts = _prompts(body, limits.max_prompts) if kind == "completion" else ()
     if len(prompts) > 1 and stream:
         raise _bad("several prompts are served without 'stream' only", "prompt", "unsupported_value")
+    if n > 1 and (stream or len(prompts) > 1):
+        raise _bad(f"n = {n} choices are served for one prompt and without 'stream' only", "n", "unsupported_value")
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
     return Request(
@@ -409,7 +410,7 @@ def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
         params=SamplingParams(temperature=temperature, top_p=top_p, top_k=ext.get("top_k", 0), **_controls(body)),
         stop=_stop(body), seed=seed, stream=stream, include_usage=stream and include_usage,
         draft=ext.get("draft"), gamma=ext.get("gamma"), lenience=ext.get("lenience", 1.0),
-        logprobs=_logprobs(body, kind), echo=_echo(body, stream),
+        logprobs=_logprobs(body, kind), echo=_echo(body, stream), n=n,
     )
 
 

@@ -56,7 +56,7 @@ def _common(limits: Limits, names: list[str], drafts: list[str], vocab: int) -> 
         "seed": _nullable({"type": "integer"}),
         "stream": {"anyOf": [{"type": "boolean"}, {"type": "null"}]},
         "stream_options": _nullable({"type": "object", "properties": {"include_usage": _nullable({"type": "boolean"})}}),
-        "n": {"anyOf": [{"const": 1}, {"type": "null"}]},
+        "n": _nullable({"type": "integer", "minimum": 1, "maximum": limits.max_prompts}),
         "presence_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
         "frequency_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
         "repetition_penalty": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 10}),
@@ -73,6 +73,11 @@ def _common(limits: Limits, names: list[str], drafts: list[str], vocab: int) -> 
     }
 
 
+ONE = {"anyOf": [{"const": 1}, {"type": "null"}]}
+SEVERAL = {"type": "array", "minItems": 2, "items": {"type": ["string", "array"]}}  # several prompts, not ids
+# n choices are served without a stream only
+STREAMED_ONE_CHOICE = {"if": {"required": ["stream"], "properties": {"stream": {"const": True}}},
+                       "then": {"properties": {"n": ONE}}}
 ONE_REPETITION_NAME = {"required": ["repetition_penalty", "repeat_penalty"]}  # one control, two names: one of them
 
 
@@ -87,9 +92,10 @@ def chat_body(limits: Limits, names: list[str], drafts: list[str], vocab: int) -
         "max_completion_tokens": {"anyOf": [_max_tokens(limits), {"type": "null"}]},
         "logprobs": {"anyOf": [{"type": "boolean"}, {"type": "null"}]},
         "top_logprobs": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS}, {"type": "null"}]},
-    }, "not": ONE_REPETITION_NAME,
-        "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer", "minimum": 1}}},
-        "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}  # alternatives need logprobs
+    }, "not": ONE_REPETITION_NAME, "allOf": [
+        {"if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer", "minimum": 1}}},
+         "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}},  # alternatives need logprobs
+        STREAMED_ONE_CHOICE]}
 
 
 def completion_body(limits: Limits, names: list[str], drafts: list[str], vocab: int) -> dict:
@@ -99,11 +105,12 @@ def completion_body(limits: Limits, names: list[str], drafts: list[str], vocab: 
         "prompt": {"anyOf": [one, {"type": "array", "minItems": 1, "maxItems": limits.max_prompts, "items": one}]},
         "logprobs": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS}, {"type": "null"}]},
         "echo": {"anyOf": [{"type": "boolean"}, {"type": "null"}]},
-    }, "not": ONE_REPETITION_NAME,
-        "if": {"required": ["stream"], "properties": {"stream": {"const": True}}},  # a stream: no echo, one prompt
-        "then": {"properties": {"echo": {"not": {"const": True}},
-                                "prompt": {"not": {"type": "array", "minItems": 2,
-                                                   "items": {"type": ["string", "array"]}}}}}}
+    }, "not": ONE_REPETITION_NAME, "allOf": [
+        STREAMED_ONE_CHOICE,
+        {"if": {"required": ["stream"], "properties": {"stream": {"const": True}}},  # a stream: no echo, one prompt
+         "then": {"properties": {"echo": {"not": {"const": True}}, "prompt": {"not": SEVERAL}}}},
+        {"if": {"required": ["prompt"], "properties": {"prompt": SEVERAL}},  # several prompts: one choice each
+         "then": {"properties": {"n": ONE}}}]}
 
 
 TOKENIZE_BODY = {"type": "object", "additionalProperties": False, "anyOf": [{"required": ["content"]},

@@ -143,6 +143,18 @@ class ServerState:
         return _usage(len(job.prompt_ids), job.stats, req.draft or engine.default_draft, gamma,
                       engine.max_gamma if gamma == "auto" else gamma)
 
+    @staticmethod
+    def timings(job: Job) -> dict:
+        """llama-server's `timings` of a finished job, so that its clients and dashboards read our
+        prompt and generation speed and acceptance as they read its own."""
+        stats = job.stats
+        generating = max(stats.wall_seconds - stats.prefill_seconds, 0.0)
+        return {"prompt_n": len(job.prompt_ids), "prompt_ms": stats.prefill_seconds * 1e3,
+                "prompt_per_second": len(job.prompt_ids) / stats.prefill_seconds if stats.prefill_seconds else None,
+                "predicted_n": stats.new_tokens, "predicted_ms": generating * 1e3,
+                "predicted_per_second": stats.new_tokens / generating if generating else None,
+                "draft_n": stats.proposed, "draft_n_accepted": stats.accepted}
+
     def token_text(self, token: int) -> str:
         return self.target.tokenizer.decode([token])
 

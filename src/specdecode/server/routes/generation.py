@@ -37,12 +37,17 @@ def _fit(req: Request, prompt_tokens: int, window: int | None) -> Request:
                             f"{window} tokens; {fix}", param, "context_length_exceeded")
 
 
-async def submit(state: ServerState, request: HTTPRequest, kind: str) -> list[Job]:
-    """The request's jobs: one, or one per prompt of a completions request with several (all
-    queued, or none: a refusal withdraws the ones already queued)."""
+async def submit(state: ServerState, request: HTTPRequest, kind: str) -> tuple[Request, list[Job]]:
+    """The request and its jobs: one, one per prompt of a completions request with several, or one
+    per choice where it asks for n (all queued, or none: a refusal withdraws the ones already queued)."""
     req = parse_request(await state.read_json(request), kind, state.limits)
     state.check_model(req.model)
-    requests = [req] if len(req.prompts) < 2 else [replace(req, prompt=p, prompts=(p,)) for p in req.prompts]
+    if req.n > 1:  # n choices of one prompt, decoded together, each on its own seed stream
+        requests = [replace(req, n=1, seed=None if req.seed is None else (req.seed + i) % 2**63) for i in range(req.n)]
+    elif len(req.prompts) > 1:
+        requests = [replace(req, prompt=p, prompts=(p,)) for p in req.prompts]
+    else:
+        requests = [req]
     jobs = []
     for one in requests:
         ids = state.encode(one)
@@ -55,7 +60,7 @@ async def submit(state: ServerState, request: HTTPRequest, kind: str) -> list[Jo
         for job in jobs:
             job.cancelled.set()
         raise
-    return jobs
+    return req, jobs
 
 
 async def collect(state: ServerState, job: Job, kind: str) -> dict | None:
@@ -91,7 +96,8 @@ async def collect(state: ServerState, job: Job, kind: str) -> dict | None:
     choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
                "logprobs": logprobs}
               if kind == "chat" else {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs})
-    return {**state.envelope(kind, state.new_id(kind), False), "choices": [choice], "usage": state.usage(job)}
+    return {**state.envelope(kind, state.new_id(kind), False), "choices": [choice], "usage": state.usage(job),
+            "timings": state.timings(job)}
 
 
 async def watch_client(request: HTTPRequest, jobs: list[Job]) -> None:
@@ -138,7 +144,7 @@ async def stream(state: ServerState, job: Job, kind: str):
                 yield "data: " + json.dumps(state.generation_failed(job, value).body()) + "\n\n"
                 break
             else:
-                yield chunk(None, FINISH[job.stats.finish_reason])
+                yield chunk(None, FINISH[job.stats.finish_reason], timings=state.timings(job))  # llama-server's
                 if job.request.include_usage:  # as OpenAI: one more chunk, with no choices
                     yield "data: " + json.dumps({**state.envelope(kind, rid, True), "choices": [],
                                                  "usage": state.usage(job)}) + "\n\n"
@@ -150,7 +156,7 @@ async def stream(state: ServerState, job: Job, kind: str):
 
 async def complete(request: HTTPRequest, kind: str):
     state: ServerState = request.app.state.server
-    jobs = await submit(state, request, kind)
+    req, jobs = await submit(state, request, kind)
     if jobs[0].request.stream:
         return StreamingResponse(stream(state, jobs[0], kind), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
@@ -165,12 +171,15 @@ async def complete(request: HTTPRequest, kind: str):
         watcher.cancel()
     if len(bodies) == 1:
         return JSONResponse(bodies[0])
-    # several prompts: a choice each (index = the prompt's), the token counts summed, and each
-    # prompt's speculation statistics in order
+    # several prompts or n choices: a choice each (index = the prompt's or the choice's), the token
+    # counts summed (a prompt counted once for its n choices), each one's speculation statistics in order
     merged = {**bodies[0], "choices": [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]}
-    merged["usage"] = {key: sum(b["usage"][key] for b in bodies)
-                       for key in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    prompts = bodies[:1] if req.n > 1 else bodies
+    merged["usage"] = {"prompt_tokens": sum(b["usage"]["prompt_tokens"] for b in prompts),
+                       "completion_tokens": sum(b["usage"]["completion_tokens"] for b in bodies)}
+    merged["usage"]["total_tokens"] = merged["usage"]["prompt_tokens"] + merged["usage"]["completion_tokens"]
     merged["usage"]["speculative"] = [b["usage"]["speculative"] for b in bodies]
+    merged["timings"] = [b["timings"] for b in bodies]
     return JSONResponse(merged)
 
 
