@@ -74,3 +74,7 @@ def test_bench_refuses_bad_input(prompts, tmp_path):
     assert result.returncode == 2 and "unknown categories" in result.stderr and "Traceback" not in result.stderr
     result = run("bench", "--prompts", str(prompts), "--gamma", "0", "--out", str(tmp_path / "x"))
     assert result.returncode == 2 and "--gamma" in result.stderr
+    # --draft as generate spells it: specs that join the suite, and one draft model at most
+    result = run("bench", "--prompts", str(prompts), "--draft", "suffix", "--draft", "a.gguf", "--draft", "b.gguf",
+                 "--out", str(tmp_path / "x"))
+    assert result.returncode == 2 and "at most one draft model, got a.gguf, b.gguf" in result.stderr

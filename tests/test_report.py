@@ -26,3 +26,15 @@ def test_runs_without_a_timed_prefill_have_no_decode_speedup():
     runs = [run("baseline", None, 1.5, 0.5), run("llama.cpp", None, 2.0, None)]
     rows = {r.method: r for r in aggregate(runs) if r.task == "rag"}
     assert rows["llama.cpp"].decode_speedup is None and rows["llama.cpp"].speedup == pytest.approx(0.75)
+
+
+def test_the_table_says_where_speculation_did_not_pay_and_why():
+    runs = [run("baseline", None, 1.0, 0.2), run("lookup", 4, 1.25, 0.2, target_calls=100, proposed=200, accepted=10,
+                                                 beta_sum=30.0, beta_count=200, draft_seconds=0.1),
+            run("llama.cpp", None, 2.0, None)]
+    rows = [r for r in aggregate(runs) if r.task == "rag"]
+    text = markdown(rows)
+    assert "Where speculation did not pay" in text
+    assert "- rag, lookup g=4, temperature 0: 0.80x; alpha 0.15 and 1.01 tokens a call" in text
+    assert "llama.cpp, temperature" not in text  # an anchor is not speculation
+    assert "did not pay" not in markdown([r for r in rows if r.method != "lookup g=4"])

@@ -111,6 +111,12 @@ def markdown(rows: Sequence[Row]) -> str:
             f"| {_fmt(r.decode_speedup, '.2f', 'x')} "
             f"| {r.identical or '-'} |"
         )
+    unpaid = [r for r in rows if r.alpha is not None and r.speedup < 1]  # speculative rows slower than plain
+    if unpaid:
+        lines += ["", "Where speculation did not pay, and why:"]
+        lines += [f"- {r.task}, {r.method}, temperature {r.temperature:g}: {r.speedup:.2f}x; alpha {r.alpha:.2f} and "
+                  f"{_fmt(r.tokens_per_call)} tokens a call against a draft cost of c = {_fmt(r.cost_ratio, '.3f')} of "
+                  f"a target step (the cost model foresaw {_fmt(r.predicted_speedup_hw, '.2f', 'x')})" for r in unpaid]
     return "\n".join(lines) + "\n"
 
 

@@ -33,8 +33,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if any(g != "auto" and g < 1 for g in args.gamma):
         raise ValueError(f"--gamma values must be >= 1 or 'auto', got {args.gamma}")
     check_positive_settings(args, "max_gamma", "max_new_tokens")
+    # --draft takes the drafter specs `generate` takes; suffix, eagle[:DIR] and ngram:FILE join the suite
+    # as --suffix, --eagle and --ngram do, the rest is the draft model
+    models = []
+    for spec in args.draft:
+        if spec == "suffix":
+            args.suffix = True
+        elif spec == "eagle" or spec.startswith("eagle:"):
+            args.eagle = spec.partition(":")[2]
+        elif spec.startswith("ngram:"):
+            args.ngram = spec.partition(":")[2]
+        elif spec != "lookup":  # prompt lookup is always in the suite
+            models.append(spec)
+    args.draft = models
     if len(args.draft) > 1:
-        raise ValueError("bench takes at most one --draft model")
+        raise ValueError(f"bench takes at most one draft model, got {', '.join(args.draft)}")
     if args.anchor_lookup_tokens < 0:
         raise ValueError(f"--anchor-lookup-tokens must be >= 0, got {args.anchor_lookup_tokens}")
     prompts = load_prompts(args.prompts, args.categories, args.per_category)

@@ -176,14 +176,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", parents=[_model_options(with_draft=False)],
                                 help="benchmark drafters against the autoregressive baseline over a prompt set")
     _prompt_options(bench, required=True)
-    bench.add_argument("--draft", action="append", default=[],
-                       help="a draft model path (or 'trained'; text:PATH for a draft with another tokenizer whose text "
-                            "is re-tokenised) to include")
+    bench.add_argument("--draft", action="append", default=[], metavar="SPEC",
+                       help="a drafter to include beside prompt lookup, as generate's --draft spells it (repeatable): "
+                            "suffix, eagle[:DIR], ngram:FILE, or one draft model (a path, 'trained', text:PATH)")
     bench.add_argument("--draft-backend", default=None, choices=["auto", "hf", "llama.cpp", "native"],
                        help="backend of the draft model (default: --backend)")
     bench.add_argument("--ngram", default=None, help="an n-gram drafter file (.npz from `ngram fit`) to include")
     bench.add_argument("--suffix", action="store_true",
-                       help="include suffix drafting (each run on its own: no memory of earlier prompts' outputs)")
+                       help="the same as --draft suffix: suffix drafting (each run on its own: no memory of earlier "
+                            "prompts' outputs)")
     bench.add_argument("--eagle", nargs="?", const="", default=None, metavar="DIR",
                        help="include the feature draft (native backend): the one shipped for the embedded target, or "
                             "DIR from distill --eagle")
