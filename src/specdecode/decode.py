@@ -23,7 +23,7 @@ from .drafters.base import Draft, Drafter, check_drafter
 from .gamma import AdaptiveGamma, GammaPolicy, as_policy
 from .models.base import ForwardCall, Model, capabilities, check_same_vocab, forward_batch
 from .checks import check_lenience, check_logprobs, check_max_new_tokens, check_prompt_ids
-from .sampling import SamplingParams, draw, make_generator
+from .sampling import History, SamplingParams, draw, make_generator
 from .verify import verify_draft
 
 
@@ -189,6 +189,7 @@ class Decoding:
         self.limit = target.max_positions
         self.context = list(prompt)
         self.prompt_length = len(prompt)
+        self.history: History | None = None  # the output's counts, where a control reads them (`adjusted`)
         self.cache = target.new_cache() if cache is None else cache
         drafter.attach(self.cache)  # a feature draft reads the target's features from it
         self.emitted = 0
@@ -220,15 +221,17 @@ class Decoding:
         """logits [1, g+1, V] of a call under `SamplingParams.adjust`: row 0 after the context, row
         i + 1 after draft token i of a chain (the tokens before it too) or of a tree (its ancestors):
         each verified position is scored with the counts its own prefix implies, never the step's."""
-        output, tokens = self.context[self.prompt_length:], draft.tokens[0].tolist()
+        if self.history is None:
+            self.history = History(self.params, self.context[: self.prompt_length], logits.shape[-1])
+        tokens = draft.tokens[0].tolist()
         if draft.parents is None:
-            histories = [output + tokens[:i] for i in range(logits.shape[1])]
+            drafted = [tokens[:i] for i in range(logits.shape[1])]
         else:
             paths: list[list[int]] = []
             for node, parent in enumerate(draft.parents):
                 paths.append((paths[parent] if parent >= 0 else []) + [tokens[node]])
-            histories = [output] + [output + path for path in paths]
-        return self.params.adjust(logits[0], self.context[: self.prompt_length], histories)[None]
+            drafted = [[]] + paths
+        return self.history.adjust(logits[0], drafted)[None]
 
     def prepare(self, gamma: int | None = None) -> ForwardCall:
         """Steps 1-3: plan, draft, and the target call that scores the draft. `gamma` overrides the
@@ -320,6 +323,8 @@ class Decoding:
         new, finish = _finish(new, self.emitted, self.max_new_tokens, self.eos,
                               (limit - len(self.context)) if limit else None)
         self.context.extend(new)
+        if self.history is not None:
+            self.history.extend(new)
         self.emitted += len(new)
         self.finished = finish is not None
         return Step(tokens=new, num_accepted=min(n, len(new)), proposed=draft.tokens[0].tolist(), betas=betas,
@@ -348,14 +353,17 @@ def autoregressive_decode(
     gen = make_generator(seed, generator, target.device)
     limit = target.max_positions
     cache = target.new_cache()
-    length, output = len(prompt), []
+    length, history = len(prompt), None
     tokens = torch.tensor([list(prompt)])  # the first call prefills the prompt, later ones feed one token
     for emitted in range(max_new_tokens):
         t0 = time.perf_counter()
         logits = target.forward(tokens, cache, num_logits=1)  # [1, 1, V]
-        row = params.adjust(logits[:, -1], prompt, [output]) if params.adjusts else logits[:, -1]
+        if params.adjusts and history is None:
+            history = History(params, prompt, logits.shape[-1])
+        row = history.adjust(logits[:, -1], [[]]) if params.adjusts else logits[:, -1]
         token = int(draw(row, params, gen))
-        output.append(token)
+        if history is not None:
+            history.extend([token])
         t1 = time.perf_counter()
         new, finish = _finish([token], emitted, max_new_tokens, eos, (limit - length) if limit else None)
         length += 1

@@ -80,23 +80,24 @@ class SamplingParams:
     def adjust(self, logits: torch.Tensor, prompt: Sequence[int], outputs: Sequence[Sequence[int]]) -> torch.Tensor:
         """Row i of logits [k, V] under the controls that depend on what came before it: logit_bias,
         then the repetition penalty over `prompt` and outputs[i], then the presence and frequency
-        penalties over outputs[i] (the tokens generated before row i's position) -> float32 [k, V]."""
-        V = logits.shape[-1]
-        out = logits.float().clone()
-        if self.logit_bias:
-            ids = torch.tensor([t for t, _ in self.logit_bias if t < V], dtype=torch.long)
-            out[:, ids] += torch.tensor([b for t, b in self.logit_bias if t < V])
-        if self.repetition_penalty == 1 and not self.presence_penalty and not self.frequency_penalty:
-            return out
-        in_prompt = torch.bincount(torch.tensor(list(prompt), dtype=torch.long), minlength=V)[:V] > 0  # [V]
-        for i, output in enumerate(outputs):
-            counts = torch.bincount(torch.tensor(list(output), dtype=torch.long), minlength=V)[:V].float()  # [V]
-            row = out[i]
-            if self.repetition_penalty != 1:
-                seen = in_prompt | (counts > 0)
-                divided = (row / self.repetition_penalty).clamp(max=torch.finfo(torch.float32).max)  # a tiny penalty
-                row = torch.where(seen, torch.where(row > 0, divided, row * self.repetition_penalty), row)
-            out[i] = row - self.frequency_penalty * counts - self.presence_penalty * (counts > 0).float()
+        penalties over outputs[i] (the tokens generated before row i's position) -> float32 [k, V].
+        (`History` keeps the same counts as tokens are emitted, for the decode loop.)"""
+        history = History(self, prompt, logits.shape[-1])
+        return history.adjust(logits, list(outputs))
+
+    def penalise(self, logits: torch.Tensor, in_prompt: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The penalties on logits [k, n] of n tokens, given which of them the prompt holds (in_prompt
+        [n] bool) and how often each row's output holds them (counts [k, n] float32) -> float32 [k, n].
+        Each token's penalty reads only its own column, so any subset of the vocabulary can be passed."""
+        out = logits.float()
+        if self.repetition_penalty != 1:
+            seen = in_prompt | (counts > 0)  # [k, n]
+            divided = (out / self.repetition_penalty).clamp(max=torch.finfo(torch.float32).max)  # a tiny penalty
+            out = torch.where(seen, torch.where(out > 0, divided, out * self.repetition_penalty), out)
+        if self.frequency_penalty:
+            out = out - self.frequency_penalty * counts
+        if self.presence_penalty:
+            out = out - self.presence_penalty * (counts > 0).float()
         return out
 
     @property
@@ -133,6 +134,49 @@ class SamplingParams:
             probs = probs.masked_fill(drop, 0.0)
             probs = probs / probs.sum(-1, keepdim=True)
         return probs
+
+
+class History:
+    """What the history-dependent controls read, kept as a generation goes: which tokens the prompt
+    holds, how often each token is in the output so far, and which tokens either touched (each [V]).
+    A call's rows are scored with these plus the drafted tokens before each row (`adjust`), on the
+    touched tokens' columns only: the penalties leave every other logit as it is, so a call costs
+    what the few hundred tokens seen so far cost, not the vocabulary (recounting the whole output over
+    every column cost about a millisecond a token)."""
+
+    def __init__(self, params: SamplingParams, prompt: Sequence[int], vocab_size: int) -> None:
+        self.params = params
+        self.in_prompt = torch.zeros(vocab_size, dtype=torch.bool)  # [V]
+        self.in_prompt[self._ids(prompt)] = True
+        self.counts = torch.zeros(vocab_size)  # [V] float32
+        self.touched = self.in_prompt.clone()  # [V]: in the prompt or the output
+
+    def _ids(self, tokens: Sequence[int]) -> torch.Tensor:
+        return torch.tensor([t for t in tokens if 0 <= t < len(self.in_prompt)], dtype=torch.long)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Tokens emitted into the output."""
+        ids = self._ids(tokens)
+        self.counts.index_add_(0, ids, torch.ones(len(ids)))
+        self.touched[ids] = True
+
+    def adjust(self, logits: torch.Tensor, extra: Sequence[Sequence[int]]) -> torch.Tensor:
+        """logits [k, V], row i after the output so far and then the tokens extra[i] -> float32 [k, V]."""
+        params, out = self.params, logits.float().clone()
+        if params.logit_bias:
+            V = out.shape[-1]
+            out[:, torch.tensor([t for t, _ in params.logit_bias if t < V], dtype=torch.long)] += torch.tensor(
+                [b for t, b in params.logit_bias if t < V])
+        if params.repetition_penalty == 1 and not params.presence_penalty and not params.frequency_penalty:
+            return out
+        drafted = [self._ids(tokens) for tokens in extra]
+        columns = torch.unique(torch.cat([self.touched.nonzero().squeeze(1), *drafted]))  # [n], sorted
+        counts = self.counts[columns].expand(out.shape[0], -1).clone()  # [k, n]
+        for i, ids in enumerate(drafted):
+            if len(ids):
+                counts[i].index_add_(0, torch.searchsorted(columns, ids), torch.ones(len(ids)))
+        out[:, columns] = params.penalise(out[:, columns], self.in_prompt[columns], counts)
+        return out
 
 
 def check_logits(logits: torch.Tensor) -> None:

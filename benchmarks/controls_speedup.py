@@ -1,0 +1,74 @@
+"""What speculation gives under a sampling control, against what it gives without: the default
+drafter (prompt lookup, `--gamma auto`) over plain decoding, greedy, with and without a control
+(default: a repetition penalty of 1.1, a common chat front end's default), on Spec-Bench prompts,
+the four runs of each prompt in turns (the order alternating by prompt), in one process.
+
+    python benchmarks/controls_speedup.py --per-task 4 --out benchmarks/results/controls_speedup.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from record import cpu_model, publish  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data",
+                                                          "spec_bench", "question.jsonl"))
+    parser.add_argument("--per-task", type=int, default=4)
+    parser.add_argument("--repetition-penalty", type=float, default=1.1)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    from specdecode import PromptLookupDrafter, SamplingParams, Stats, encode_prompt, generate
+    from specdecode.bench.prompts import load_prompts
+    from specdecode.models.load import load_model
+
+    target = load_model(None, backend="native")
+    prompts = load_prompts(args.prompts, per_category=args.per_task)
+    settings = {"none": SamplingParams(temperature=0),
+                f"repetition {args.repetition_penalty:g}": SamplingParams(temperature=0,
+                                                                          repetition_penalty=args.repetition_penalty)}
+    speed = {(name, spec): [] for name in settings for spec in (False, True)}
+    identical = {name: 0 for name in settings}
+    for i, prompt in enumerate(prompts):
+        ids = encode_prompt(target.tokenizer, prompt.text)
+        outputs = {}
+        order = [(name, spec) for name in settings for spec in (False, True)]
+        for name, spec in order if i % 2 == 0 else order[::-1]:
+            stats = Stats()
+            for _ in generate(target, ids, PromptLookupDrafter() if spec else None, gamma="auto" if spec else 0,
+                              params=settings[name], max_new_tokens=args.max_new_tokens, stats=stats):
+                pass
+            speed[(name, spec)].append(stats.tokens_per_second)
+            outputs[(name, spec)] = stats.tokens
+        for name in settings:
+            identical[name] += outputs[(name, False)] == outputs[(name, True)]
+
+    def mean(values):
+        return math.exp(sum(map(math.log, values)) / len(values))
+
+    rows, gains = [], {}
+    for name in settings:
+        plain, spec = mean(speed[(name, False)]), mean(speed[(name, True)])
+        gains[name] = mean([s / p for s, p in zip(speed[(name, True)], speed[(name, False)])])
+        rows.append(f"| {name} | {plain:.1f} | {spec:.1f} | {gains[name]:.3f}x | {identical[name]}/{len(prompts)} |")
+    none, control = gains["none"], gains[f"repetition {args.repetition_penalty:g}"]
+    publish([f"# Speculation under a repetition penalty of {args.repetition_penalty:g}", "",
+             f"Host: {cpu_model()}; kernels: {target.kernel_plan}; {len(prompts)} Spec-Bench prompts "
+             f"({args.per_task} a category), greedy, {args.max_new_tokens} tokens, {time.strftime('%Y-%m-%d')}.", "",
+             "```", "python " + " ".join(sys.argv), "```", "",
+             "| control | plain tok/s | lookup + auto tok/s | speedup (geometric mean of ratios) | greedy output identical |",
+             "|---|---|---|---|---|", *rows, "",
+             f"The speedup under the penalty is **{control / none:.3f}** of the speedup without it."], args.out)
+
+
+if __name__ == "__main__":
+    main()
