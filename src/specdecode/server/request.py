@@ -355,13 +355,21 @@ def _extension(body: dict, limits: Limits) -> dict:
     return out
 
 
-def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
-    """A decoded JSON body -> a validated `Request` (or a `RequestError`)."""
+def _only(body: Any, fields: set[str], list_them: bool = True) -> dict:
+    """The body, where it is a JSON object holding only `fields` (named in the refusal where
+    `list_them`: a few, as /tokenize's; a completion's are too many to list)."""
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object", None, "invalid_type")
-    unknown = sorted(set(body) - FIELDS[kind])
+    unknown = sorted(set(body) - fields)
     if unknown:
-        raise _bad(f"unknown field(s): {', '.join(unknown)}", unknown[0], "unknown_parameter")
+        known = f"; known: {', '.join(sorted(fields))}" if list_them else ""
+        raise _bad(f"unknown field(s): {', '.join(unknown)}{known}", unknown[0], "unknown_parameter")
+    return body
+
+
+def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
+    """A decoded JSON body -> a validated `Request` (or a `RequestError`)."""
+    body = _only(body, FIELDS[kind], list_them=False)
     for name, (neutral, accepted) in NEUTRAL.items():
         if body.get(name) is not None and not neutral(body[name]):
             raise _bad(f"'{name}' = {json.dumps(body[name])[:80]} is not supported by this server; it accepts only "
@@ -415,16 +423,6 @@ def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
 
 
 TOKENIZE_FIELDS = {"content", "prompt", "add_special", "add_special_tokens"}
-
-
-def _only(body: Any, fields: set[str]) -> dict:
-    if not isinstance(body, dict):
-        raise _bad("the request body must be a JSON object", None, "invalid_type")
-    unknown = sorted(set(body) - fields)
-    if unknown:
-        raise _bad(f"unknown field(s): {', '.join(unknown)}; known: {', '.join(sorted(fields))}", unknown[0],
-                   "unknown_parameter")
-    return body
 
 
 def parse_tokenize(body: Any) -> tuple[str, bool]:
