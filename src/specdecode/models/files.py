@@ -21,7 +21,7 @@ def cache_root() -> Path:
 
 def existing_model_path(path: str | os.PathLike) -> Path:
     """The model path, expanded, where something is there; a .gguf file checked to be one whole
-    (`check_gguf_file`). Else one sentence saying what is wrong and what to do, before any loading."""
+    (`check_gguf_file`), a directory to hold a model (`check_model_directory`). Else one sentence saying what is wrong and what to do, before any loading."""
     path = Path(path).expanduser()
     if not path.exists():
         text = str(path)
@@ -34,6 +34,8 @@ def existing_model_path(path: str | os.PathLike) -> Path:
                                 "directory is needed)")
     if is_gguf(path):
         check_gguf_file(path)
+    elif path.is_dir():
+        check_model_directory(path, path)
     return path
 
 
