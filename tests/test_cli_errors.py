@@ -45,17 +45,21 @@ def bad_files(tmp_path_factory):
     (["--target", "meta-llama/Llama-3.2-1B"], "looks like a Hugging Face hub id"),
     (["--draft", "Qwen/Qwen2.5-0.5B"], "looks like a Hugging Face hub id"),
 ])
-def test_a_mistake_is_one_sentence_naming_it_before_any_loading(capsys, bad_files, args, says):
+def test_a_mistake_is_one_sentence_naming_it_before_any_loading(capsys, bad_files, args, says, monkeypatch):
     if "cuda" in args:
         import torch
 
         if torch.cuda.is_available():
             pytest.skip("this torch has CUDA")
-    start = time.perf_counter()
+    from specdecode.models import load
+
+    def loading(*args, **kwargs):
+        raise AssertionError("a model was loaded before the mistake was named")
+
+    monkeypatch.setattr(load, "_load", loading)
     code, _, err = run_cli(capsys, "generate", QUESTION, *[a.format(root=bad_files) for a in args])
     assert code == 2 and says in err and "Traceback" not in err, err
     assert err.count("\n") == 1  # one line
-    assert time.perf_counter() - start < 60  # no model was loaded for it (a bound far above a refusal's cost)
     if "--draft" in args:
         assert "lookup, suffix, trained" in err  # the drafter names it could have meant
 
@@ -86,17 +90,22 @@ def test_every_option_of_generate_and_serve_says_its_default_or_has_none(capsys)
             assert "default" in helps[option], helps[option]
 
 
-def test_ctrl_c_while_loading_ends_with_one_line_and_130(tmp_path):
-    """SIGINT a few moments into a generate (imports and loading): exit 130, no traceback."""
-    env = {**os.environ, "SPECDECODE_CACHE": str(tmp_path)}  # a cold cache: the load takes its time
+def test_ctrl_c_at_any_moment_ends_with_one_line_and_130(tmp_path):
+    """SIGINT 1 and 3 s into a generate on a cold cache (imports, building the kernels, loading) or,
+    on a host fast enough to be past those, into the generation of 4,000 tokens: exit 130, no
+    traceback, a last line saying it was interrupted, whichever phase the signal met."""
+    env = {**os.environ, "SPECDECODE_CACHE": str(tmp_path)}
     for delay in (1.0, 3.0):
-        process = subprocess.Popen([sys.executable, "-m", "specdecode", "generate", QUESTION], env=env,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        process = subprocess.Popen([sys.executable, "-m", "specdecode", "generate", "--max-new-tokens", "4000", QUESTION],
+                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(delay)
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=120)
-        assert process.returncode == 130, err[-2000:]
-        assert "Traceback" not in err and err.strip().splitlines()[-1] == "specdecode: interrupted", err[-2000:]
+        last = err.strip().splitlines()[-1]
+        # 130, or ended by the signal itself (CPython does that where an interrupt reaches its shutdown): a
+        # shell's $? is 130 both ways
+        assert process.returncode in (130, -signal.SIGINT), err[-2000:]
+        assert "Traceback" not in err and (last == "specdecode: interrupted" or "finished: interrupted" in last), err
 
 
 def test_cache_lists_entries_with_sizes_and_clears_one_models(capsys, tmp_path, monkeypatch):
