@@ -131,16 +131,19 @@ def _convert(gguf_path: Path, out: Path) -> Path:
 
 
 def gguf_tokenizer(gguf_path: Path):
-    """The transformers tokenizer stored in a GGUF file (chat template included), cached."""
-    from transformers import AutoTokenizer
+    """The tokenizer stored in a GGUF file (chat template included): transformers reads it from the
+    file once and saves it; later loads read the saved files without transformers (`Tokenizer`)."""
+    from .tokenizer import Tokenizer, has_fast_files
 
     gguf_path = Path(gguf_path).resolve()
     converted = _gguf_cache_dir(gguf_path, "converted")
-    if (converted / "tokenizer_config.json").exists():
-        return AutoTokenizer.from_pretrained(converted)
+    if has_fast_files(converted):
+        return Tokenizer(converted)
     out = _gguf_cache_dir(gguf_path, "tokenizers")
-    if not (out / "tokenizer_config.json").exists():
+    if not has_fast_files(out):
+        from transformers import AutoTokenizer
+
         with waiting(f"reading the tokenizer of {gguf_path.name}", once=True):
             tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
             _save_atomically(out, tokenizer.save_pretrained)
-    return AutoTokenizer.from_pretrained(out)
+    return Tokenizer(out)

@@ -215,7 +215,11 @@ class DirectorySource:
                                 "native backend does not compute with (--backend hf runs it)")
 
     def tokenizer(self):
-        from transformers import AutoTokenizer
+        from ..tokenizer import Tokenizer, has_fast_files
+
+        if has_fast_files(self.directory):
+            return Tokenizer(self.directory)
+        from transformers import AutoTokenizer  # a tokenizer only transformers can build
 
         return AutoTokenizer.from_pretrained(self.directory)
 
