@@ -27,10 +27,14 @@ from record import cpu_model, publish
 CHILD = r"""
 import json, sys, time, torch
 from specdecode.models.native import load_native
+def rss():
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS"))
 path, runs = sys.argv[1], int(sys.argv[2])
+before = rss()
 start = time.perf_counter()
 model = load_native(path, max_positions=1024)
 load = time.perf_counter() - start
+added = rss() - before
 def held_bytes(product):  # a stacked product's parts each
     return sum(t.numel() * t.element_size() for part in getattr(product, "parts", [product])
                for t in vars(part).values() if isinstance(t, torch.Tensor))
@@ -45,8 +49,13 @@ for _ in range(runs):
         for _ in range(5):
             cache.length = 256
             t = time.perf_counter(); model.forward(tokens[:, :k], cache, num_logits=k); best[k] = min(best[k], time.perf_counter() - t)
-print(json.dumps({"model": repr(model), "plan": model.kernel_plan, "load": load, "bytes": held,
-                  "prefill": 512 / best["prefill"], "t1": best[1], "t8": best[8]}))
+x = torch.randn(1, model.dim).to(model.compute_dtype)
+head = 1e9
+for _ in range(20):  # the LM head alone, one row: its share of T(1)
+    t = time.perf_counter(); model.head(x); head = min(head, time.perf_counter() - t)
+added = max(added, rss() - before)  # after the forwards: the cache and work buffers too
+print(json.dumps({"model": repr(model), "plan": model.kernel_plan, "load": load, "bytes": held, "added": added,
+                  "head": head, "prefill": 512 / best["prefill"], "t1": best[1], "t8": best[8]}))
 """
 
 
@@ -75,7 +84,7 @@ def llama_bench(binary: Path, model: Path, threads: int) -> dict:
 
 
 def main() -> int:
-    from specdecode.bench.random_model import SHAPES, quantize, write_llama
+    from specdecode.bench.random_model import SHAPES, quantize, write_shape
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llama-bin", required=True, help="the folder holding llama-bench")
@@ -95,8 +104,7 @@ def main() -> int:
     for size in args.sizes:
         f16 = work / f"llama-{size}.F16.gguf"
         if not f16.exists():
-            layers, dim, heads, kv_heads, hidden = SHAPES[size]
-            write_llama(f16, layers, dim, heads, kv_heads, hidden, context=2048, dtype="F16")
+            write_shape(f16, size)
         for fmt in args.formats:
             path = work / f"llama-{size}.{fmt}.gguf"
             if not path.exists():
@@ -110,26 +118,32 @@ def main() -> int:
                 if done.returncode:
                     raise SystemExit(f"native on {path} failed:\n{done.stderr[-3000:]}")
                 run = json.loads(done.stdout.strip().splitlines()[-1])
-                ours = run if not ours else {**run, **{k: min(run[k], ours[k]) for k in ("load", "t1", "t8")},
+                ours = run if not ours else {**run, **{k: min(run[k], ours[k]) for k in ("load", "t1", "t8", "head")},
                                              "prefill": max(run["prefill"], ours["prefill"])}
             floor = ours["bytes"] / read
             tg = 1 / theirs["tg"]
-            rows.append(f"| {size} | {fmt} | {path.stat().st_size / 2**20:.0f} MiB | {ours['load']:.1f} s | "
+            size_mib = path.stat().st_size / 2**20
+            rows.append(f"| {size} | {fmt} | {size_mib:.0f} MiB | {ours['added'] / 2**20:.0f} MiB "
+                        f"({ours['added'] / 2**20 / size_mib:.2f}x) | {ours['load']:.1f} s | "
                         f"{ours['t1'] * 1e3:.2f} ms | {tg * 1e3:.2f} ms | {ours['t1'] / tg:.2f} | {floor * 1e3:.2f} ms | "
-                        f"{ours['t1'] / floor:.2f} | {ours['t8'] / ours['t1']:.2f} | {ours['prefill']:.0f} | "
+                        f"{ours['t1'] / floor:.2f} | {ours['head'] / ours['t1']:.2f} | {ours['t8'] / ours['t1']:.2f} | "
+                        f"{ours['prefill']:.0f} | "
                         f"{theirs['pp']:.0f} |")
             print(rows[-1], ours["model"], flush=True)
     lines = ["# The native backend against llama-bench across model sizes and formats", "", "```",
              "python benchmarks/size_sweep.py " + " ".join(sys.argv[1:]), "```", "",
              f"Machine: {cpu_model()}, {platform.platform()}, {args.threads} threads; native: {ours['plan']}; "
              f"measured read bandwidth {read / 1e9:.1f} GB/s; random-weight models of SmolLM2's shapes "
-             f"(vocabulary 49152), F16 quantised by llama.cpp; native best of {args.runs} runs, llama-bench "
+             f"(vocabulary 49152) and Llama 3.2's (vocabulary 128256, RoPE factors), F16 quantised by llama.cpp; "
+             f"native best of {args.runs} runs, llama-bench "
              f"pp512 / tg64, 3 repetitions; the two in turns, {args.rounds} round(s), the best of each kept.", "",
              "T(1): one new token at 256 cached positions (llama-bench's tg: 1 / its tokens/s); floor: the bytes "
-             "a decode step reads as held (products and LM head) over the read bandwidth.", "",
-             "| size | format | file | native load | native T(1) | llama.cpp tg | T(1) / tg | floor | T(1) / floor | "
-             "T(8)/T(1) | native prefill tokens/s | llama.cpp pp512 tokens/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows]
+             "a decode step reads as held (products and LM head) over the read bandwidth; head: the LM head "
+             "alone on one row, as a share of T(1); RSS added: the resident memory the loaded model adds "
+             "(after the timed forwards: caches and buffers included), and its ratio to the file.", "",
+             "| size | format | file | RSS added | native load | native T(1) | llama.cpp tg | T(1) / tg | floor | "
+             "T(1) / floor | head / T(1) | T(8)/T(1) | native prefill tokens/s | llama.cpp pp512 tokens/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows]
     publish(lines, args.out)
     return 0
 

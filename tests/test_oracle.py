@@ -7,18 +7,23 @@ import json
 import pytest
 
 from conftest import run_cli
-from test_reading import HEAD, llama3_factors
+from specdecode.bench.random_model import llama3_factors
+from test_reading import HEAD
 
 pytest.importorskip("llama_cpp")
 
 
 @pytest.fixture(scope="module")
 def llama3_file(tmp_path_factory):
-    from specdecode.bench.random_model import quantize, write_llama
+    """A small Llama with Llama 3's vocabulary size (128,256: its head and table at full width),
+    RoPE base and frequency factors (for an original context of 64 positions, so that the factor-32
+    pairs turn within the positions compared), Q4_0."""
+    from specdecode.bench.random_model import LLAMA3_THETA, quantize, write_llama
 
     root = tmp_path_factory.mktemp("oracle")
-    factors = llama3_factors(HEAD, 10000.0, context=64)
-    return quantize(write_llama(root / "llama3.gguf", context=512, tensors={"rope_freqs.weight": factors}), "Q4_0")
+    factors = llama3_factors(HEAD, LLAMA3_THETA, factor=32.0, context=64)
+    return quantize(write_llama(root / "llama3.gguf", context=512, vocab=128256, theta=LLAMA3_THETA,
+                                tensors={"rope_freqs.weight": factors}), "Q4_0")
 
 
 def test_a_file_the_native_path_computes_as_llama_cpp_does_agrees(capsys, llama3_file):

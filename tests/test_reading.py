@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdecode.bench.random_model import write_llama
+from specdecode.bench.random_model import llama3_factors, write_llama
 from specdecode.models.native.reading import LAYERS, refusal
 from specdecode.models.gguf import GGUFHeader
 from specdecode.models.native.source import NativeRefusal
@@ -131,24 +131,6 @@ def test_a_missing_tensor_a_layer_past_the_count_and_a_per_layer_size_are_refuse
     heads = {"llama.attention.head_count": 4, "llama.embedding_length": 128}
     assert "llama.rope.dimension_count" in refusal("llama", {**fields, **heads, "llama.rope.dimension_count": 16}, names)
     assert refusal("llama", {**fields, **heads, "llama.rope.dimension_count": 32}, names) is None
-
-
-def llama3_factors(head_dim: int, theta: float, factor: float = 8.0, low: float = 1.0, high: float = 4.0,
-                   context: int = 8192) -> np.ndarray:
-    """Llama 3.1's RoPE frequency factors as its converter writes them (`rope_freqs`): 1 for pairs
-    turning faster than context / high per wavelength, `factor` for those slower than context / low,
-    a smooth blend between."""
-    factors = []
-    for i in range(0, head_dim, 2):
-        wavelength = 2 * np.pi * theta ** (i / head_dim)
-        if wavelength < context / high:
-            factors.append(1.0)
-        elif wavelength > context / low:
-            factors.append(factor)
-        else:
-            smooth = (context / wavelength - low) / (high - low)
-            factors.append(1 / ((1 - smooth) / factor + smooth))
-    return np.asarray(factors, dtype=np.float32)
 
 
 def test_llama3_rope_factors_are_applied_as_llama_cpp_applies_them(tmp_path):
