@@ -258,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "broken verifier as the control, greedy identity on the target")
     check.add_argument("--samples", type=int, default=2000,
                        help="whole sequences drawn per sampling setting (default 2000)")
-    check.add_argument("--gamma", type=int, default=3, help="draft tokens per target call (default 3)")
+    check.add_argument("--gamma", type=int, default=3,
+                       help="draft tokens per target call, fixed so that every draft position is tested (default 3)")
     check.add_argument("--num-prompts", type=int, default=8, help="prompts for greedy identity (default 8)")
     check.add_argument("--max-new-tokens", type=int, default=48, help="tokens per greedy prompt (default 48)")
     check.add_argument("--seed", type=int, default=0)
