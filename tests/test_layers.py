@@ -11,7 +11,7 @@ ROOT = Path(specdecode.__file__).parent
 # Lowest first. A module belongs to the layer of its longest matching prefix.
 LAYERS = [
     ["specdecode.checks", "specdecode.defaults", "specdecode.lazy", "specdecode.progress"],
-    ["specdecode.sampling", "specdecode.models.base"],
+    ["specdecode.sampling", "specdecode.grammar", "specdecode.models.base"],
     ["specdecode.verify", "specdecode.formulas"],
     ["specdecode.gamma", "specdecode.models", "specdecode.drafters", "specdecode.prefix"],
     ["specdecode.decode"],

@@ -11,6 +11,8 @@ from specdecode.bench.random_model import llama3_factors
 from test_reading import HEAD
 
 pytest.importorskip("llama_cpp")
+# a file with Llama 3's 128,256-token vocabulary: its tokenizer and head take a few seconds a load
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

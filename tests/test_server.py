@@ -315,7 +315,6 @@ def test_fields_sent_at_their_neutral_value_are_accepted_and_change_nothing(clie
 
 
 @pytest.mark.parametrize("field, value", [
-    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
     ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
     ("tool_choice", "required"), ("store", True),
 ])
@@ -778,3 +777,45 @@ def test_n_choices_decode_together_each_with_its_own_seed_and_usage_counts_the_p
     timings = alone[0].model_extra["timings"]
     assert timings["prompt_n"] == alone[0].usage.prompt_tokens
     assert timings["predicted_n"] == alone[0].usage.completion_tokens and timings["draft_n"] == 0
+
+
+class City(__import__("pydantic").BaseModel):
+    name: str
+    country: str
+    founded_year: int
+
+
+def test_a_pydantic_model_through_openais_parse_comes_back_valid(client):
+    """openai's chat.completions.parse sends the model's strict JSON schema as response_format; the
+    reply must parse into it (the tokens the schema forces cost no call of their own)."""
+    reply = client.chat.completions.parse(model=MODEL, messages=[{"role": "user", "content": "Describe Paris."}],
+                                          response_format=City, temperature=0, max_tokens=64)
+    city = reply.choices[0].message.parsed
+    assert isinstance(city, City) and city.name and reply.choices[0].finish_reason == "stop"
+    assert reply.usage.completion_tokens < 64
+
+
+def test_json_object_streamed_and_a_regex_are_followed(server, client):
+    question = 'What is 2 + 2? Answer in JSON as {"answer": number}.'
+    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
+                                            response_format={"type": "json_object"}, temperature=0,
+                                            max_tokens=64, stream=True)
+    chunks = [chunk.choices[0] for chunk in stream if chunk.choices]
+    text = "".join(choice.delta.content or "" for choice in chunks)
+    assert chunks[-1].finish_reason == "stop" and isinstance(json.loads(text), dict), text
+    status, body, _ = post(server[0], "/v1/completions", {"model": MODEL, "prompt": "My phone number is",
+                                                          "max_tokens": 20, "specdecode": {"regex": r" \d{3}-\d{4}"}})
+    assert status == 200 and re.fullmatch(r" \d{3}-\d{4}", body["choices"][0]["text"]), body
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    ({"specdecode": {"grammar": "start: missing_rule"}}, "specdecode.grammar"),
+    ({"response_format": {"type": "json_object"}, "logprobs": True}, "logprobs"),
+])
+def test_unusable_grammars_are_400s_naming_the_field(server, extra, param):
+    status, body, _ = post(server[0], "/v1/chat/completions", chat(**extra))
+    assert status == 400 and body["error"]["param"] == param, body

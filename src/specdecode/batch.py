@@ -30,6 +30,7 @@ from .decode import Decoding, check_request
 from .drafters.base import Drafter
 from .drafters.lookup import PromptLookupDrafter
 from .gamma import AUTO, AdaptiveGamma, GammaPolicy, as_policy, draft_lengths
+from .grammar import Constraint
 from .models.base import ForwardCall, capabilities, forward_batch, request_cache
 from .checks import check_lenience, check_logprobs, check_stop
 from .prefix import PrefixCache
@@ -51,6 +52,7 @@ class BatchRequest:
     seed: int | None
     stop: tuple[str, ...]
     logprobs: int | None = None  # alternatives each token's log-probability lists (None: none)
+    constraint: Constraint | None = None  # a grammar the output follows (`grammar.Constraint`)
     id: int = 0
     stats: Stats = field(default_factory=Stats)
     text: str = ""  # the text handed out so far
@@ -100,9 +102,10 @@ class Batch:
     def submit(self, prompt_ids: Sequence[int], drafter: Drafter | None = None, *, gamma: int | str = AUTO,
                params: SamplingParams = SamplingParams(), max_new_tokens: int = 128, lenience: float = 1.0,
                seed: int | None = None, stop: Sequence[str] = (), stats: Stats | None = None,
-               logprobs: int | None = None) -> BatchRequest:
+               logprobs: int | None = None, constraint: Constraint | None = None) -> BatchRequest:
         """Queue a request (plain decoding when `drafter` is None); bad settings raise ValueError here.
-        `stats`: filled in as the request decodes (a fresh one by default)."""
+        `stats`: filled in as the request decodes (a fresh one by default); `constraint`: a grammar's
+        matcher for this request (`grammar.constraint_for`)."""
         prompt_ids = list(prompt_ids)
         check_request(self.target, prompt_ids, max_new_tokens)
         check_lenience(lenience)
@@ -111,7 +114,7 @@ class Batch:
         if gamma != AUTO:
             as_policy(gamma)  # checks it
         request = BatchRequest(prompt_ids, drafter, gamma, params, max_new_tokens, lenience, seed,
-                               check_stop(stop), check_logprobs(logprobs), id=next(self._ids),
+                               check_stop(stop), check_logprobs(logprobs), constraint, id=next(self._ids),
                                stats=Stats() if stats is None else stats)
         request.started = self.clock()
         self.waiting.append(request)
@@ -167,7 +170,7 @@ class Batch:
             cache = request_cache(self.target, len(r.prompt_ids) + r.max_new_tokens)
             r.decoding = Decoding(self.target, r.drafter, r.prompt_ids, gamma=self._policy(r.gamma), params=r.params,
                                   max_new_tokens=r.max_new_tokens, lenience=r.lenience, seed=r.seed, cache=cache,
-                                  clock=self.clock, logprobs=r.logprobs)
+                                  clock=self.clock, logprobs=r.logprobs, constraint=r.constraint)
             if self.prefixes is not None:  # a shared prefix of the prompt, computed once already
                 self.prefixes.fill(r.prompt_ids, cache)
         except Exception as err:  # noqa: BLE001  (a request that cannot start fails alone)

@@ -22,9 +22,10 @@ import torch
 from .drafters.base import Draft, Drafter, check_drafter
 from .gamma import AdaptiveGamma, GammaPolicy, as_policy
 from .models.base import ForwardCall, Model, capabilities, check_same_vocab, forward_batch
-from .checks import check_lenience, check_logprobs, check_max_new_tokens, check_prompt_ids
+from .checks import check_constraint, check_lenience, check_logprobs, check_max_new_tokens, check_prompt_ids
 from .sampling import History, SamplingParams, draw, make_generator
 from .verify import verify_draft
+from .grammar import Constraint, apply_masks
 
 
 class TokenLogprob(NamedTuple):
@@ -56,6 +57,7 @@ class Step:
     # steps); None for the prefill and for calls it did not plan (a fixed gamma, a batch's plan)
     forecast: tuple[float, float] | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token, where the decoding was asked for them
+    forced: int = 0  # how many of `tokens` a grammar forced (emitted unsampled, at no target call of their own)
 
     @property
     def from_draft(self) -> list[bool]:
@@ -81,6 +83,8 @@ class _Pending(NamedTuple):
     unseen: int  # context tokens fed before the draft (the newest one; the prompt on the prefill)
     cache_length: int  # the cache's length before the call
     forecast: tuple[float, float] | None
+    masks: list | None  # a grammar's allowed tokens for each verified row (`grammar.Constraint.masks`)
+    lead: list[int]  # tokens a grammar forced before the first sampled one (the prefill's), emitted first
 
 
 def token_logprobs(logits: torch.Tensor, new: list[int], path: list[int] | None, top: int) -> list[TokenLogprob]:
@@ -92,6 +96,12 @@ def token_logprobs(logits: torch.Tensor, new: list[int], path: list[int] | None,
     chosen = table.gather(1, torch.tensor(new, device=table.device)[:, None])[:, 0].tolist()
     values, ids = table.topk(top, dim=-1) if top else (table[:, :0], table[:, :0].long())
     return [TokenLogprob(t, lp, list(zip(i, v))) for t, lp, i, v in zip(new, chosen, ids.tolist(), values.tolist())]
+
+
+def _forced(lead: int, sampled: int, kept: int) -> int:
+    """How many of a step's first `kept` tokens a grammar forced: `lead` before the `sampled` ones,
+    the rest after them."""
+    return min(lead, kept) + max(0, kept - lead - sampled)
 
 
 def check_request(model: Model, prompt: Sequence[int], max_new_tokens: int) -> None:
@@ -128,6 +138,7 @@ def speculative_decode(
     eos_token_ids: Sequence[int] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     logprobs: int | None = None,
+    constraint: Constraint | None = None,
 ) -> Iterator[Step]:
     """Speculative decoding (Algorithm 1): each iteration drafts up to gamma tokens and verifies
     them in one target call, yielding 1..gamma+1 tokens distributed exactly as the target's own
@@ -136,10 +147,10 @@ def speculative_decode(
     measured verification cost, so speculation turns itself down where verifying is costly. `clock`
     times the drafting and the target calls that the policy learns from (tests pass a simulated one).
     `logprobs`: each step carries its tokens' log-probabilities with that many alternatives (None:
-    none; see `TokenLogprob`)."""
+    none; see `TokenLogprob`). `constraint`: a grammar the output follows (`grammar.Constraint`)."""
     decoding = Decoding(target, drafter, prompt, gamma=gamma, params=params, max_new_tokens=max_new_tokens,
                         lenience=lenience, seed=seed, generator=generator, eos_token_ids=eos_token_ids,
-                        clock=clock, logprobs=logprobs)
+                        clock=clock, logprobs=logprobs, constraint=constraint)
     while True:
         call = decoding.prepare()
         logits = forward_batch(target, [call])[0]
@@ -162,13 +173,18 @@ class Decoding:
                  gamma: int | str | GammaPolicy = "auto", params: SamplingParams = SamplingParams(),
                  max_new_tokens: int = 128, lenience: float = 1.0, seed: int | None = None,
                  generator: torch.Generator | None = None, eos_token_ids: Sequence[int] | None = None,
-                 cache=None, clock: Callable[[], float] = time.perf_counter, logprobs: int | None = None) -> None:
+                 cache=None, clock: Callable[[], float] = time.perf_counter, logprobs: int | None = None,
+                 constraint: Constraint | None = None) -> None:
         """`cache`: the target cache to decode in (a new one by default); it may already hold a prefix
         of the prompt, computed exactly as this prompt's own (`prefix.PrefixCache`). `clock`: seconds,
         for the step timings the gamma policy learns from. `logprobs`: each Step carries its tokens'
-        log-probabilities with that many alternatives (0..MAX_TOP_LOGPROBS; None: none)."""
+        log-probabilities with that many alternatives (0..MAX_TOP_LOGPROBS; None: none). `constraint`: a
+        grammar's matcher (`grammar.Constraint`): each verified row is the target's distribution restricted
+        to what the grammar allows after that row's prefix, and the tokens it forces are emitted unsampled."""
         check_request(target, prompt, max_new_tokens)
         self.logprobs = check_logprobs(logprobs)
+        check_constraint(constraint, logprobs)
+        self.constraint = constraint
         check_lenience(lenience)
         check_drafter(drafter)
         if drafter.vocab is not None:
@@ -221,8 +237,9 @@ class Decoding:
         """logits [1, g+1, V] of a call under `SamplingParams.adjust`: row 0 after the context, row
         i + 1 after draft token i of a chain (the tokens before it too) or of a tree (its ancestors):
         each verified position is scored with the counts its own prefix implies, never the step's."""
-        if self.history is None:
+        if self.history is None:  # the prompt's counts, and the output's so far (a grammar's forced lead)
             self.history = History(self.params, self.context[: self.prompt_length], logits.shape[-1])
+            self.history.extend(self.context[self.prompt_length:])
         tokens = draft.tokens[0].tolist()
         if draft.parents is None:
             drafted = [tokens[:i] for i in range(logits.shape[1])]
@@ -274,6 +291,13 @@ class Decoding:
             forecast = (1.0, 1.0)
         if shadow_draft is not None:
             shadow_draft = shadow_draft.chain()
+        lead, masks = [], None
+        if self.constraint is not None:
+            if prefill:  # tokens the grammar forces before the first choice go with the prompt
+                lead = self.constraint.forced()
+                self.constraint.consume(lead)
+                self.context.extend(lead)
+            draft, masks = self._constrain(draft)
 
         # 3. The target call: the draft fed after the context tokens the cache has not seen (the
         #    newest token; the whole prompt on the first call).
@@ -286,13 +310,14 @@ class Decoding:
         if draft.parents is not None:
             u = unseen.shape[1]
             parents = list(range(-1, u - 1)) + [u - 1 if p < 0 else u + p for p in draft.parents]
-        self._pending = _Pending(draft, shadow_draft, prefill, t0, t1, unseen.shape[1], len(self.cache), forecast)
+        self._pending = _Pending(draft, shadow_draft, prefill, t0, t1, unseen.shape[1], len(self.cache), forecast,
+                                 masks, lead)
         return ForwardCall(tokens, self.cache, num_logits=draft.gamma + 1, parents=parents)
 
     def complete(self, logits: torch.Tensor, started: float | None = None, rows: int | None = None) -> Step:
         """Steps 4-6 on the call's logits [1, g+1, V]. `started`: when the (shared) forward began, if
         not right after prepare(); `rows`: the rows that forward ran (a batch's), for the cost model."""
-        draft, shadow_draft, prefill, t0, t1, u, start, forecast = self._pending
+        draft, shadow_draft, prefill, t0, t1, u, start, forecast, masks, lead = self._pending
         self._pending = None
         began = t1 if started is None else started  # the forward's start
         g, cache, drafter, policy = draft.gamma, self.cache, self.drafter, self.policy
@@ -301,6 +326,8 @@ class Decoding:
         raw = logits  # the target's own: what logprobs report
         if self.params.adjusts:  # logit_bias and penalties, each row under the history its own prefix implies
             logits = self.adjusted(logits, draft)
+        if masks is not None:  # then the grammar's: each row restricted to what its prefix allows
+            logits = apply_masks(logits[0], masks)[None]
         outcome = verify_draft(draft, shadow_draft, logits, self.params, self.gen, self.lenience)
         t2 = self.clock()
         new, n, betas = outcome.tokens, outcome.num_accepted, outcome.betas
@@ -318,20 +345,51 @@ class Decoding:
             policy.observe(betas, rows or g + 1, t2 - began, t1 - t0,
                            g or (shadow_draft.gamma if shadow_draft else 0))
 
-        # 6. Stop on EOS, the length limit, or a full context window.
+        # 6. Stop on EOS, the length limit, or a full context window. A grammar's forced tokens follow.
+        after: list[int] = []
+        if self.constraint is not None:
+            self.constraint.consume(new)
+            after = self.constraint.forced()
+            self.constraint.consume(after)
+        sampled = len(new)
         limit = self.limit
-        new, finish = _finish(new, self.emitted, self.max_new_tokens, self.eos,
-                              (limit - len(self.context)) if limit else None)
-        self.context.extend(new)
+        new, finish = _finish(lead + new + after, self.emitted, self.max_new_tokens, self.eos,
+                              (limit - len(self.context) + len(lead)) if limit else None)
+        forced = _forced(len(lead), sampled, len(new))
+        self.context.extend(new[len(lead):])
         if self.history is not None:
-            self.history.extend(new)
+            self.history.extend(new[len(lead):])
         self.emitted += len(new)
         self.finished = finish is not None
-        return Step(tokens=new, num_accepted=min(n, len(new)), proposed=draft.tokens[0].tolist(), betas=betas,
-                    draft_seconds=t1 - t0, target_seconds=t2 - began, finish_reason=finish,
-                    tree=draft.parents is not None, forecast=forecast,
+        return Step(tokens=new, num_accepted=min(n, len(new)) if not lead else 0, proposed=draft.tokens[0].tolist(),
+                    betas=betas, draft_seconds=t1 - t0, target_seconds=t2 - began, finish_reason=finish,
+                    tree=draft.parents is not None, forecast=forecast, forced=forced,
                     logprobs=None if self.logprobs is None else token_logprobs(raw, new, outcome.path,
                                                                                self.logprobs))
+
+    def _constrain(self, draft: Draft) -> tuple[Draft, list]:
+        """The grammar's allowed tokens for each row the call verifies (row 0 after the context, then
+        after each draft token's prefix), and the draft cut before the first token the grammar forbids
+        where it is deterministic (q a point mass: the same distribution, one row fewer; see `grammar`).
+        A sampled draft keeps its forbidden token, which verification rejects with certainty."""
+        tokens = draft.tokens[0].tolist()
+        if draft.parents is None:
+            paths = [tokens[:i] for i in range(len(tokens) + 1)]
+        else:
+            nodes: list[list[int]] = []
+            for node, parent in enumerate(draft.parents):
+                nodes.append((nodes[parent] if parent >= 0 else []) + [tokens[node]])
+            paths = [[]] + nodes
+        masks = self.constraint.masks(paths)
+        if draft.probs is None and None in masks:
+            keep = masks.index(None) - 1  # the draft tokens before the first forbidden one
+            if draft.parents is None:
+                draft = Draft(draft.tokens[:, :keep]) if keep else NO_DRAFT
+            else:
+                draft = Draft(draft.tokens[:, :keep], None, draft.parents[:keep],
+                              draft.reach[:keep] if draft.reach else None) if keep else NO_DRAFT
+            masks = masks[: keep + 1]
+        return draft, masks
 
 
 def autoregressive_decode(
@@ -344,32 +402,46 @@ def autoregressive_decode(
     generator: torch.Generator | None = None,
     eos_token_ids: Sequence[int] | None = None,
     logprobs: int | None = None,
+    constraint: Constraint | None = None,
 ) -> Iterator[Step]:
-    """The baseline: one target call per token, through the same model interface (`logprobs` as for
-    `speculative_decode`)."""
+    """The baseline: one target call per sampled token, through the same model interface (`logprobs`
+    and `constraint` as for `speculative_decode`: a grammar's forced tokens are fed with the next call)."""
     check_request(target, prompt, max_new_tokens)
     check_logprobs(logprobs)
+    check_constraint(constraint, logprobs)
     eos = frozenset(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
     gen = make_generator(seed, generator, target.device)
     limit = target.max_positions
     cache = target.new_cache()
-    length, history = len(prompt), None
-    tokens = torch.tensor([list(prompt)])  # the first call prefills the prompt, later ones feed one token
-    for emitted in range(max_new_tokens):
+    length, emitted, history = len(prompt), 0, None
+    lead = constraint.forced() if constraint is not None else []
+    if constraint is not None:
+        constraint.consume(lead)
+    unseen = list(prompt) + lead  # the first call prefills the prompt, later ones feed what followed
+    while True:
         t0 = time.perf_counter()
-        logits = target.forward(tokens, cache, num_logits=1)  # [1, 1, V]
+        logits = target.forward(torch.tensor([unseen]), cache, num_logits=1)  # [1, 1, V]
         if params.adjusts and history is None:
             history = History(params, prompt, logits.shape[-1])
+            history.extend(lead)
         row = history.adjust(logits[:, -1], [[]]) if params.adjusts else logits[:, -1]
+        if constraint is not None:
+            row = apply_masks(row, constraint.masks([[]]))
         token = int(draw(row, params, gen))
+        new = [token]
+        if constraint is not None:
+            constraint.consume(new)
+            after = constraint.forced()
+            constraint.consume(after)
+            new = new + after
         if history is not None:
-            history.extend([token])
+            history.extend(new)
         t1 = time.perf_counter()
-        new, finish = _finish([token], emitted, max_new_tokens, eos, (limit - length) if limit else None)
-        length += 1
+        new, finish = _finish(lead + new, emitted, max_new_tokens, eos, (limit - length) if limit else None)
+        length, emitted = length + len(new), emitted + len(new)
         yield Step(tokens=new, num_accepted=0, target_seconds=t1 - t0, finish_reason=finish,
+                   forced=_forced(len(lead), 1, len(new)),
                    logprobs=None if logprobs is None else token_logprobs(logits, new, None, logprobs))
         if finish:
             return
-        tokens = torch.tensor([[token]])
-
+        unseen, lead = new[len(lead):], []

@@ -101,9 +101,13 @@ class ToyModel:
 
 
 def sequence_distribution(model: ToyModel, prompt: list[int], params: SamplingParams, length: int,
-                          eos=frozenset()) -> dict[tuple[int, ...], float]:
-    """Exact probability of every continuation of `prompt` (up to `length` tokens or an EOS)."""
+                          eos=frozenset(), grammar=None) -> dict[tuple[int, ...], float]:
+    """Exact probability of every continuation of `prompt` (up to `length` tokens or an EOS), under
+    `grammar` (a `grammar.Grammar`) where given: each position restricted to what it allows there."""
+    from .grammar import apply_masks, constraint_for
+
     dist: dict[tuple[int, ...], float] = {}
+    constraint = constraint_for(grammar, model)
 
     def walk(seq: tuple[int, ...], mass: float) -> None:
         if len(seq) == length or (seq and seq[-1] in eos):
@@ -112,6 +116,8 @@ def sequence_distribution(model: ToyModel, prompt: list[int], params: SamplingPa
         logits = model.logits_for(tuple(prompt) + seq)
         if params.adjusts:  # logit_bias and penalties: under the history before this position
             logits = params.adjust(logits[None], prompt, [list(seq)])[0]
+        if constraint is not None:  # then the grammar's mask after this prefix
+            logits = apply_masks(logits[None], constraint.masks([list(seq)]))[0]
         probs = params.probs(logits)
         for token, p in enumerate(probs.tolist()):
             if p > 0:
@@ -239,24 +245,25 @@ def toy_world(eos: Sequence[int] = ()) -> ToyWorld:
 
 
 def whole_sequence_pvalue(drafter, target: ToyModel, gamma: int, params: SamplingParams, samples: int = 2_000,
-                          seed: int = 0, eos: Sequence[int] = (), length: int = LENGTH) -> float:
+                          seed: int = 0, eos: Sequence[int] = (), length: int = LENGTH, grammar=None) -> float:
     """Draw `samples` whole sequences of `length` new tokens after PROMPT through
     `decode.speculative_decode` with `drafter` (one drafter for all: state it keeps between
     generations is part of what is checked) and return the chi-square p-value against the target's
-    exactly enumerated distribution."""
+    exactly enumerated distribution (under `grammar`, a `grammar.Grammar`, where given)."""
     from .decode import speculative_decode
+    from .grammar import constraint_for
 
     gen = torch.Generator().manual_seed(seed)
     outcomes = []
     for _ in range(samples):
         seq: list[int] = []
         for step in speculative_decode(target, drafter, PROMPT, gamma=gamma, params=params, max_new_tokens=length,
-                                       generator=gen):
-            if not 1 <= len(step.tokens) <= gamma + 1:
+                                       generator=gen, constraint=constraint_for(grammar, target)):
+            if not 1 <= len(step.tokens) - step.forced <= gamma + 1:
                 raise RuntimeError(f"an iteration emitted {len(step.tokens)} tokens with gamma {gamma}")
             seq += step.tokens
         outcomes.append(tuple(seq))
-    return chi2_pvalue(outcomes, sequence_distribution(target, PROMPT, params, length, frozenset(eos)))
+    return chi2_pvalue(outcomes, sequence_distribution(target, PROMPT, params, length, frozenset(eos), grammar))
 
 
 def _accept_all(draft, shadow, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator,

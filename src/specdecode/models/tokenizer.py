@@ -49,6 +49,14 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def __call__(self, text: str, add_special_tokens: bool = True, return_offsets_mapping: bool = False) -> dict:
+        """{"input_ids"} and, where asked, {"offset_mapping"}: each token's (start, end) in `text`."""
+        encoding = self.backend.encode(text, add_special_tokens=add_special_tokens)
+        out = {"input_ids": encoding.ids}
+        if return_offsets_mapping:
+            out["offset_mapping"] = encoding.offsets
+        return out
+
     def decode(self, ids: Sequence[int] | int, skip_special_tokens: bool = False) -> str:
         text = self.backend.decode([ids] if isinstance(ids, int) else list(ids), skip_special_tokens=skip_special_tokens)
         # transformers cleans up only WordPiece-style output (it skips BPE models: it would remove real spaces)
@@ -61,6 +69,15 @@ class Tokenizer:
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
         return [self.backend.id_to_token(i) for i in ids]
+
+    def convert_tokens_to_ids(self, tokens: str | Sequence[str]):  # one id, or a list, as transformers'
+        if isinstance(tokens, str):
+            return self.backend.token_to_id(tokens)
+        return [self.backend.token_to_id(t) for t in tokens]
+
+    @property
+    def backend_tokenizer(self):  # transformers' name for the `tokenizers` object
+        return self.backend
 
     @property
     def added_tokens_decoder(self) -> dict:

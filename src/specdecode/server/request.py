@@ -3,9 +3,11 @@ under the `specdecode` extension object.
 
     {"model": ..., "messages": [...] | "prompt": "...", "max_tokens": 64, "temperature": 0,
      "top_p": 1, "stop": ["\\n\\n"], "seed": 1, "stream": true, "n": 1,
-     "specdecode": {"draft": "lookup", "gamma": 4 | "auto", "top_k": 0, "lenience": 1.0}}
+     "response_format": {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}},
+     "specdecode": {"draft": "lookup", "gamma": 4 | "auto", "top_k": 0, "lenience": 1.0,
+                    "grammar": "<a Lark grammar>" | "regex": "<a pattern>"}}
 
-OpenAI fields the server cannot honour (penalties, tools, response formats, ...) are
+OpenAI fields the server cannot honour (tools, audio, ...) are
 accepted at their neutral value, which is what many clients send, and refused by name otherwise.
 
 Every problem becomes a `RequestError` carrying the HTTP status and OpenAI's error fields
@@ -22,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..checks import MAX_TOP_LOGPROBS, check_lenience
+from ..grammar import Grammar, GrammarError
 from ..sampling import SamplingParams
 
 EXTENSION = "specdecode"
@@ -35,7 +38,6 @@ def _zero(value) -> bool:
 # OpenAI fields this server honours only at their neutral value (null always passes): clients send
 # them set to that value, which changes nothing; any other value is refused by name.
 NEUTRAL = {
-    "response_format": (lambda v: v == {"type": "text"}, '{"type": "text"}'),
     "tools": (lambda v: v == [], "[]"),
     "functions": (lambda v: v == [], "[]"),
     "tool_choice": (lambda v: v in ("none", "auto"), '"none" or "auto" (no tools)'),
@@ -55,10 +57,10 @@ HARMLESS = {"user": (str, "a string"), "metadata": (dict, "an object"), "paralle
 # the sampling controls that reshape the target's distribution at each position (`SamplingParams`)
 CONTROLS = {"presence_penalty", "frequency_penalty", "repetition_penalty", "repeat_penalty", "min_p", "logit_bias"}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "stream", "stream_options", "n",
-          "logprobs", EXTENSION} | set(NEUTRAL) | set(HARMLESS) | CONTROLS
+          "logprobs", "response_format", EXTENSION} | set(NEUTRAL) | set(HARMLESS) | CONTROLS
 FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"},
           "completion": COMMON | {"prompt", "echo"}}
-EXTENSION_FIELDS = {"draft", "gamma", "top_k", "lenience"}
+EXTENSION_FIELDS = {"draft", "gamma", "top_k", "lenience", "grammar", "regex"}
 
 
 class RequestError(Exception):
@@ -102,6 +104,7 @@ class Request:
     echo: bool = False  # completions: the prompt before the completion (with its log-probabilities)
     prompts: tuple = ()  # completions: every prompt of the request (a choice each); `prompt` is the first
     n: int = 1  # choices to sample for the prompt, each with its own seed (the request's plus its index)
+    grammar: Grammar | None = None  # what the output must follow: a response_format's schema, or the extension's
 
 
 MAX_DEPTH = 64  # how deep a body's arrays and objects may nest (Python's parser recurses, ~1,000 at most)
@@ -352,7 +355,55 @@ def _extension(body: dict, limits: Limits) -> dict:
             out["lenience"] = check_lenience(ext["lenience"], f"'{EXTENSION}.lenience'")
         except ValueError as err:
             raise _bad(str(err), f"{EXTENSION}.lenience", "invalid_value") from None
+    for name, build in (("grammar", Grammar.lark), ("regex", Grammar.regex)):
+        if ext.get(name) is not None:
+            if not isinstance(ext[name], str) or not ext[name]:
+                raise _bad(f"'{EXTENSION}.{name}' must be a non-empty string", f"{EXTENSION}.{name}", "invalid_type")
+            if "grammar" in out:
+                raise _bad(f"'{EXTENSION}' takes 'grammar' or 'regex', not both", f"{EXTENSION}.{name}",
+                           "invalid_value")
+            out["grammar"] = _grammar(build, ext[name], f"{EXTENSION}.{name}")
     return out
+
+
+def _grammar(build, source, param: str) -> Grammar:
+    try:
+        return build(source)
+    except (GrammarError, ValueError, TypeError) as err:
+        raise _bad(f"'{param}' is not usable: {err}", param, "invalid_value") from None
+
+
+def _response_format(body: dict) -> Grammar | None:
+    """OpenAI's response_format: text (nothing to follow), json_object (any JSON object), or
+    json_schema {"name", "schema", "strict", "description"} (its schema)."""
+    value = body.get("response_format")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
+        raise _bad("'response_format' must be an object whose 'type' is \"text\", \"json_object\" or \"json_schema\"",
+                   "response_format", "invalid_value")
+    kind = value["type"]
+    allowed = {"type", "json_schema"} if kind == "json_schema" else {"type"}
+    if set(value) - allowed:
+        raise _bad(f"unknown field(s) in 'response_format': {', '.join(sorted(set(value) - allowed))}",
+                   "response_format", "unknown_parameter")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Grammar.json_object()
+    spec = value.get("json_schema")
+    param = "response_format.json_schema"
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise _bad(f"'{param}' must be an object with a 'name' (and a 'schema')", param, "invalid_value")
+    if set(spec) - {"name", "schema", "strict", "description"}:
+        raise _bad(f"unknown field(s) in '{param}': {', '.join(sorted(set(spec) - {'name', 'schema', 'strict', 'description'}))}",
+                   param, "unknown_parameter")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise _bad(f"'{param}.strict' must be a boolean", f"{param}.strict", "invalid_type")
+    schema = spec.get("schema", {"type": "object"})
+    if not isinstance(schema, dict):
+        raise _bad(f"'{param}.schema' must be a JSON Schema object", f"{param}.schema", "invalid_type")
+    return _grammar(Grammar.json_schema, schema, f"{param}.schema")
 
 
 def _only(body: Any, fields: set[str], list_them: bool = True) -> dict:
@@ -408,6 +459,15 @@ def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
         raise _bad("several prompts are served without 'stream' only", "prompt", "unsupported_value")
     if n > 1 and (stream or len(prompts) > 1):
         raise _bad(f"n = {n} choices are served for one prompt and without 'stream' only", "n", "unsupported_value")
+    grammar = _response_format(body)
+    if grammar is not None and ext.get("grammar") is not None:
+        raise _bad(f"'response_format' and '{EXTENSION}.grammar' or '.regex' cannot both constrain the output",
+                   "response_format", "invalid_value")
+    grammar = grammar or ext.get("grammar")
+    logprobs = _logprobs(body, kind)
+    if grammar is not None and logprobs is not None:
+        raise _bad("'logprobs' cannot be combined with 'response_format' or a grammar here (the tokens a grammar "
+                   "forces are not scored on their own)", "logprobs", "unsupported_value")
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
     return Request(
@@ -418,7 +478,7 @@ def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
         params=SamplingParams(temperature=temperature, top_p=top_p, top_k=ext.get("top_k", 0), **_controls(body)),
         stop=_stop(body), seed=seed, stream=stream, include_usage=stream and include_usage,
         draft=ext.get("draft"), gamma=ext.get("gamma"), lenience=ext.get("lenience", 1.0),
-        logprobs=_logprobs(body, kind), echo=_echo(body, stream), n=n,
+        logprobs=logprobs, echo=_echo(body, stream), n=n, grammar=grammar,
     )
 
 

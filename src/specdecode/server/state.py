@@ -115,6 +115,18 @@ class ServerState:
             return list(req.prompt)
         return self.tokenize_text(req.prompt, True, "prompt")
 
+    def constraint(self, req):
+        """A matcher of the request's grammar for one generation (None without one); a grammar this
+        model's tokenizer cannot follow is the request's problem, named."""
+        from ..grammar import GrammarError, constraint_for
+
+        try:
+            return constraint_for(req.grammar, self.target)
+        except GrammarError as err:
+            param = {"lark": "specdecode.grammar", "regex": "specdecode.regex",
+                     "json_schema": "response_format.json_schema.schema"}[req.grammar.kind]
+            raise RequestError(400, str(err), param, "invalid_value") from None
+
     def tokenize_text(self, text: str, special: bool, param: str) -> list[int]:
         try:
             return self.target.tokenizer.encode(text, add_special_tokens=special)

@@ -52,7 +52,7 @@ async def submit(state: ServerState, request: HTTPRequest, kind: str) -> tuple[R
     for one in requests:
         ids = state.encode(one)
         jobs.append(Job(_fit(one, len(ids), state.target.max_positions), ids, asyncio.get_running_loop(),
-                        asyncio.Queue()))
+                        asyncio.Queue(), constraint=state.constraint(one)))
     try:
         for job in jobs:
             state.engine.submit(job)
