@@ -170,3 +170,22 @@ def test_greedy_json_on_the_real_model_parses_and_speculation_keeps_it():
     spec_steps = list(speculative_decode(target, PromptLookupDrafter(), prompt, params=greedy, max_new_tokens=80,
                                          constraint=constraint_for(grammar, target)))
     assert [t for s in spec_steps for t in s.tokens] == plain
+
+
+@pytest.mark.slow
+def test_generate_follows_a_json_schema_file_and_a_regex_from_the_cli(capsys, tmp_path):
+    from conftest import run_cli
+
+    schema = tmp_path / "city.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"name": {"type": "string"},
+                                                                   "country": {"type": "string"}},
+                                  "required": ["name", "country"], "additionalProperties": False}))
+    code, out, _ = run_cli(capsys, "generate", "--json-schema", str(schema), "--temperature", "0", "--json",
+                           "Describe Paris.")
+    record = json.loads(out)
+    assert code == 0 and set(json.loads(record["text"])) == {"name", "country"}
+    code, out, _ = run_cli(capsys, "generate", "--regex", "(yes|no)", "--temperature", "0.9", "--seed", "1", "--json",
+                           "Is the sky blue?")
+    assert code == 0 and json.loads(out)["text"] in ("yes", "no")
+    code, _, err = run_cli(capsys, "generate", "--json-schema", str(tmp_path / "missing.json"), "x")
+    assert code == 2 and "missing.json" in err

@@ -7,12 +7,12 @@ _EXPORTS = {"AdaptiveGamma": ".gamma", "FixedGamma": ".gamma", "GammaPolicy": ".
             "Draft": ".drafters", "Drafter": ".drafters", "LookupThenModelDrafter": ".drafters",
             "ModelDrafter": ".drafters", "PromptLookupDrafter": ".drafters", "Stats": ".stats",
             "TextStep": ".text", "encode_prompt": ".text", "generate": ".text", "SamplingParams": ".sampling",
-            "Verdict": ".verify", "verify": ".verify"}
+            "Verdict": ".verify", "verify": ".verify", "Grammar": ".grammar"}
 __getattr__ = lazy_exports(__name__, _EXPORTS)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AdaptiveGamma", "Draft", "FixedGamma", "GammaPolicy", "Drafter", "LookupThenModelDrafter", "ModelDrafter", "PromptLookupDrafter", "SamplingParams", "Stats", "Step",
+    "AdaptiveGamma", "Draft", "FixedGamma", "GammaPolicy", "Grammar", "Drafter", "LookupThenModelDrafter", "ModelDrafter", "PromptLookupDrafter", "SamplingParams", "Stats", "Step",
     "TextStep", "Verdict", "autoregressive_decode", "encode_prompt", "generate", "speculative_decode", "verify",
 ]

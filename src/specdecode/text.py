@@ -13,6 +13,7 @@ from typing import Iterator, Sequence
 from .decode import Step, autoregressive_decode, speculative_decode
 from .drafters.base import Drafter
 from .gamma import GammaPolicy
+from .grammar import Grammar, constraint_for
 from .checks import check_prompt_text, check_stop
 from .sampling import SamplingParams
 from .stats import Stats
@@ -63,21 +64,26 @@ def generate(
     seed: int | None = None,
     stop: Sequence[str] = (),
     stats: Stats | None = None,
+    grammar: Grammar | None = None,
 ) -> Iterator[TextStep]:
     """Decode (speculatively, or autoregressively when `drafter` is None) and yield text pieces.
 
     `target` needs a `tokenizer`. Stop strings end the stream; the returned text stops before them.
-    Pass a `Stats` to have it filled in as the stream is consumed.
+    Pass a `Stats` to have it filled in as the stream is consumed. `grammar` (`grammar.Grammar`: a
+    JSON schema, a regular expression, a Lark grammar): the output follows it, exactly as the target
+    restricted to it would sample.
     """
     stop = check_stop(stop)
     tokenizer = target.tokenizer
     stats = stats if stats is not None else Stats()
+    constraint = constraint_for(grammar, target)
     if drafter is None:
-        steps = autoregressive_decode(target, prompt_ids, params=params, max_new_tokens=max_new_tokens, seed=seed)
+        steps = autoregressive_decode(target, prompt_ids, params=params, max_new_tokens=max_new_tokens, seed=seed,
+                                      constraint=constraint)
     else:
         steps = speculative_decode(
             target, drafter, prompt_ids, gamma=gamma, params=params,
-            max_new_tokens=max_new_tokens, lenience=lenience, seed=seed,
+            max_new_tokens=max_new_tokens, lenience=lenience, seed=seed, constraint=constraint,
         )
     pieces = TextPieces(tokenizer, stop, stats)
     try:

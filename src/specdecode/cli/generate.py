@@ -5,8 +5,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from pathlib import Path
 
 from .loading import draft_spec, engine_facts, gamma_policy, load_drafter, load_target, sampling_params, use_kernels
+
+
+def grammar_of(args: argparse.Namespace):
+    """--json-schema FILE ('-': any JSON object), --grammar FILE (Lark) or --regex PATTERN, compiled
+    before any model loads (None without one)."""
+    from ..grammar import Grammar, GrammarError
+
+    if args.json_schema == "-":
+        return Grammar.json_object()
+    if args.json_schema is not None:
+        try:
+            schema = json.loads(Path(args.json_schema).read_text())
+        except json.JSONDecodeError as err:
+            raise GrammarError(f"--json-schema {args.json_schema} is not JSON: {err}") from None
+        return Grammar.json_schema(schema)
+    if args.grammar is not None:
+        return Grammar.lark(Path(args.grammar).read_text())
+    return Grammar.regex(args.regex) if args.regex is not None else None
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -34,6 +53,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     check_prompt_text(args.prompt)
     check_stop(args.stop)
     draft_spec(args)
+    grammar = grammar_of(args)
 
     use_kernels(args.kernels)
     target = load_target(args)
@@ -45,7 +65,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     stats = Stats()
     stream = generate(
         target, prompt_ids, drafter, gamma=gamma, params=params, max_new_tokens=args.max_new_tokens,
-        lenience=args.lenience, seed=args.seed, stop=args.stop, stats=stats,
+        lenience=args.lenience, seed=args.seed, stop=args.stop, stats=stats, grammar=grammar,
     )
     no_color = args.no_color or bool(os.environ.get("NO_COLOR"))  # https://no-color.org
     out = Console(no_color=no_color, highlight=False, soft_wrap=True)
@@ -65,7 +85,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.compare and drafter is not None and stats.finish_reason != "interrupted":
         plain = Stats()
         for _ in generate(target, prompt_ids, None, params=params, max_new_tokens=args.max_new_tokens,
-                          seed=args.seed, stop=args.stop, stats=plain):
+                          seed=args.seed, stop=args.stop, stats=plain, grammar=grammar):
             pass
         comparison = dict(plain_tokens=plain.new_tokens, plain_tokens_per_second=plain.tokens_per_second,
                           speedup=stats.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else None,

@@ -127,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--baseline", action="store_true", help="plain autoregressive decoding, no draft")
+    shape = gen.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE", default=None,
+                       help="the answer is JSON valid against the JSON Schema in FILE ('-' for any JSON object)")
+    shape.add_argument("--grammar", metavar="FILE", default=None, help="the answer follows the Lark grammar in FILE")
+    shape.add_argument("--regex", metavar="PATTERN", default=None, help="the answer matches the regular expression")
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object (text, tokens, every summary figure) instead of streaming")
