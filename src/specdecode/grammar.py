@@ -185,8 +185,10 @@ def apply_masks(logits: torch.Tensor, masks: Sequence[torch.Tensor | None]) -> t
     """logits [g+1, V] with each row's forbidden tokens at -inf (a row without a mask is left as it
     is: no path of the draft reaches it)."""
     logits = logits.clone()
+    width = logits.shape[1]
     for row, allowed in enumerate(masks):
         if allowed is not None:
+            allowed = allowed[:width]  # ids past the logits' width are no model's tokens
             logits[row, : allowed.shape[0]].masked_fill_(~allowed, float("-inf"))
-            logits[row, allowed.shape[0]:] = float("-inf")
+            logits[row, allowed.shape[0]:] = float("-inf")  # nor are ids past the tokenizer's
     return logits
