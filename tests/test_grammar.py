@@ -23,6 +23,7 @@ pytest.importorskip("llguidance")
 PIECES = ("a", "b", "c", ".")
 EOS = 3
 PAIRS = Grammar.regex(r"(ab|c)*")
+SAMPLES = 1000  # whole sequences a chi-square test draws (the grammar leaves few: 1,000 separate them well)
 
 
 def world():
@@ -76,21 +77,24 @@ def test_the_constrained_distribution_holds_only_what_the_grammar_allows():
                          ids=["temperature 1", "temperature 0.7 top-k 3"])
 def test_sampled_drafts_follow_the_constrained_target_over_whole_sequences(params):
     target, draft = world()
-    assert whole_sequence_pvalue(ModelDrafter(draft), target, 3, params, eos=[EOS], grammar=PAIRS) > 1e-3
+    assert whole_sequence_pvalue(ModelDrafter(draft), target, 3, params, eos=[EOS], grammar=PAIRS,
+                                 samples=SAMPLES) > 1e-3
 
 
 @pytest.mark.statistical
 def test_deterministic_drafts_cut_at_forbidden_tokens_follow_it():
     target, _ = world()
     # "a c a b": its c after an a is forbidden (b is forced there): cut before it, every time
-    assert whole_sequence_pvalue(Copier([0, 2, 0, 1]), target, 4, SamplingParams(), eos=[EOS], grammar=PAIRS) > 1e-3
-    assert whole_sequence_pvalue(PromptLookupDrafter(), target, 3, SamplingParams(), eos=[EOS], grammar=PAIRS) > 1e-3
+    for drafter, gamma in ((Copier([0, 2, 0, 1]), 4), (PromptLookupDrafter(), 3)):
+        assert whole_sequence_pvalue(drafter, target, gamma, SamplingParams(), eos=[EOS], grammar=PAIRS,
+                                     samples=SAMPLES) > 1e-3
 
 
 @pytest.mark.statistical
 def test_draft_trees_follow_it():
     target, _ = world()
-    assert whole_sequence_pvalue(RandomTreeDrafter(), target, 4, SamplingParams(), eos=[EOS], grammar=PAIRS) > 1e-3
+    assert whole_sequence_pvalue(RandomTreeDrafter(), target, 4, SamplingParams(), eos=[EOS], grammar=PAIRS,
+                                 samples=SAMPLES) > 1e-3
 
 
 @pytest.mark.statistical
@@ -106,7 +110,8 @@ def test_a_verifier_that_ignores_the_grammar_is_caught(monkeypatch):
     monkeypatch.setattr(decode, "apply_masks", lambda logits, masks: logits)  # the target's rows unrestricted
     monkeypatch.setattr(Constraint, "consume", lenient)
     target, draft = world()
-    assert whole_sequence_pvalue(ModelDrafter(draft), target, 3, SamplingParams(), eos=[EOS], grammar=PAIRS) < 1e-6
+    assert whole_sequence_pvalue(ModelDrafter(draft), target, 3, SamplingParams(), eos=[EOS], grammar=PAIRS,
+                                 samples=SAMPLES) < 1e-6
 
 
 def test_forced_tokens_are_emitted_without_a_call_of_their_own():

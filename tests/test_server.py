@@ -314,10 +314,8 @@ def test_fields_sent_at_their_neutral_value_are_accepted_and_change_nothing(clie
     assert neutral.choices[0].text == plain
 
 
-@pytest.mark.parametrize("field, value", [
-    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
-    ("tool_choice", "required"), ("store", True),
-])
+@pytest.mark.parametrize("field, value", [("functions", [{"name": "f", "parameters": {"type": "object"}}]),
+                                          ("store", True)])
 def test_a_value_the_server_cannot_honour_is_refused_by_name(client, field, value):
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=4,
@@ -817,5 +815,67 @@ def test_json_object_streamed_and_a_regex_are_followed(server, client):
     ({"response_format": {"type": "json_object"}, "logprobs": True}, "logprobs"),
 ])
 def test_unusable_grammars_are_400s_naming_the_field(server, extra, param):
+    status, body, _ = post(server[0], "/v1/chat/completions", chat(**extra))
+    assert status == 400 and body["error"]["param"] == param, body
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city now.",
+                                            "parameters": {"type": "object", "properties": {
+                                                "city": {"type": "string"},
+                                                "unit": {"enum": ["celsius", "fahrenheit"]}},
+                                                "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"timezone": {"type": "string"}}, "required": ["timezone"]}}}
+
+
+def test_a_required_or_named_tool_call_comes_back_as_tool_calls(client):
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "What is the weather in Oslo, in celsius?"}],
+               tools=[WEATHER, TIME], temperature=0, max_tokens=64)
+    for choice, names in (("required", {"get_weather", "get_time"}),
+                          ({"type": "function", "function": {"name": "get_weather"}}, {"get_weather"})):
+        reply = client.chat.completions.create(**ask, tool_choice=choice).choices[0]
+        call = reply.message.tool_calls[0]
+        assert reply.finish_reason == "tool_calls" and reply.message.content is None
+        assert call.type == "function" and call.id.startswith("call_") and call.function.name in names
+        arguments = json.loads(call.function.arguments)
+        if call.function.name == "get_weather":
+            assert set(arguments) == {"city", "unit"} and arguments["unit"] in ("celsius", "fahrenheit")
+    # streamed: the call arrives as tool_calls deltas, as OpenAI streams them
+    chunks = [c.choices[0] for c in client.chat.completions.create(**ask, tool_choice="required", stream=True)
+              if c.choices]
+    calls = [d for c in chunks for d in (c.delta.tool_calls or [])]
+    assert chunks[-1].finish_reason == "tool_calls" and calls[0].function.name in {"get_weather", "get_time"}
+    json.loads("".join(d.function.arguments or "" for d in calls))
+
+
+def test_a_conversation_with_calls_and_results_continues_and_auto_may_answer_in_text(client):
+    messages = [{"role": "user", "content": "What is the weather in Oslo?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "celsius"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21, "sky": "clear"}'}]
+    reply = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], temperature=0,
+                                           max_tokens=32).choices[0]
+    if reply.message.tool_calls:  # auto: a call, held to the schema
+        assert reply.finish_reason == "tool_calls"
+        json.loads(reply.message.tool_calls[0].function.arguments)
+    else:
+        assert reply.message.content and reply.finish_reason in ("stop", "length")
+    none = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], tool_choice="none",
+                                          temperature=0, max_tokens=16).choices[0]
+    assert none.message.tool_calls is None and none.message.content
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0].function.name"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]},
+     "messages[0].tool_calls[0].function.arguments"),
+])
+def test_bad_tools_are_400s_naming_the_field(server, extra, param):
     status, body, _ = post(server[0], "/v1/chat/completions", chat(**extra))
     assert status == 400 and body["error"]["param"] == param, body

@@ -7,7 +7,7 @@ under the `specdecode` extension object.
      "specdecode": {"draft": "lookup", "gamma": 4 | "auto", "top_k": 0, "lenience": 1.0,
                     "grammar": "<a Lark grammar>" | "regex": "<a pattern>"}}
 
-OpenAI fields the server cannot honour (tools, audio, ...) are
+OpenAI fields the server cannot honour (audio, store, ...) are
 accepted at their neutral value, which is what many clients send, and refused by name otherwise.
 
 Every problem becomes a `RequestError` carrying the HTTP status and OpenAI's error fields
@@ -28,7 +28,7 @@ from ..grammar import Grammar, GrammarError
 from ..sampling import SamplingParams
 
 EXTENSION = "specdecode"
-ROLES = ("system", "developer", "user", "assistant")  # developer: OpenAI's newer name for system
+ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: OpenAI's newer name for system
 
 
 def _zero(value) -> bool:
@@ -38,9 +38,7 @@ def _zero(value) -> bool:
 # OpenAI fields this server honours only at their neutral value (null always passes): clients send
 # them set to that value, which changes nothing; any other value is refused by name.
 NEUTRAL = {
-    "tools": (lambda v: v == [], "[]"),
-    "functions": (lambda v: v == [], "[]"),
-    "tool_choice": (lambda v: v in ("none", "auto"), '"none" or "auto" (no tools)'),
+    "functions": (lambda v: v == [], "[] (send 'tools')"),
     "function_call": (lambda v: v in ("none", "auto"), '"none" or "auto" (no functions)'),
     "store": (lambda v: v is False, "false"),
     "modalities": (lambda v: v == ["text"], '["text"]'),
@@ -58,7 +56,7 @@ HARMLESS = {"user": (str, "a string"), "metadata": (dict, "an object"), "paralle
 CONTROLS = {"presence_penalty", "frequency_penalty", "repetition_penalty", "repeat_penalty", "min_p", "logit_bias"}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "stream", "stream_options", "n",
           "logprobs", "response_format", EXTENSION} | set(NEUTRAL) | set(HARMLESS) | CONTROLS
-FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"},
+FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice"},
           "completion": COMMON | {"prompt", "echo"}}
 EXTENSION_FIELDS = {"draft", "gamma", "top_k", "lenience", "grammar", "regex"}
 
@@ -105,6 +103,7 @@ class Request:
     prompts: tuple = ()  # completions: every prompt of the request (a choice each); `prompt` is the first
     n: int = 1  # choices to sample for the prompt, each with its own seed (the request's plus its index)
     grammar: Grammar | None = None  # what the output must follow: a response_format's schema, or the extension's
+    tools: Any = None  # chat: the functions the model may call (`tools.Tools`), None without
 
 
 MAX_DEPTH = 64  # how deep a body's arrays and objects may nest (Python's parser recurses, ~1,000 at most)
@@ -220,14 +219,48 @@ def _messages(body: dict) -> tuple[dict, ...]:
         if role not in ROLES:
             raise _bad(f"'{param}.role' must be one of {', '.join(ROLES)}, got {role!r}", f"{param}.role",
                        "invalid_value")
-        unknown = set(message) - {"role", "content", "name"}
+        unknown = set(message) - {"role", "content", "name", "tool_calls", "tool_call_id"}
         if unknown:
             raise _bad(f"'{param}' has unsupported fields: {', '.join(sorted(unknown))}", param, "unsupported")
         if "name" in message and not isinstance(message["name"], str):
             raise _bad(f"'{param}.name' must be a string", f"{param}.name", "invalid_type")
-        out.append({"role": "system" if role == "developer" else role,
-                    "content": _text(message.get("content"), f"{param}.content")})
+        entry = {"role": "system" if role == "developer" else role}
+        calls = message.get("tool_calls")
+        if calls is not None and role != "assistant":
+            raise _bad(f"'{param}.tool_calls' belong to assistant messages", f"{param}.tool_calls", "invalid_value")
+        if calls:
+            entry["tool_calls"] = _tool_calls(calls, f"{param}.tool_calls")
+            entry["content"] = "" if message.get("content") is None else _text(message["content"], f"{param}.content")
+        else:
+            entry["content"] = _text(message.get("content"), f"{param}.content")
+        if role == "tool":
+            if not isinstance(message.get("tool_call_id"), str):
+                raise _bad(f"'{param}.tool_call_id' must name the call this result answers", f"{param}.tool_call_id",
+                           "invalid_value")
+            entry["tool_call_id"] = message["tool_call_id"]
+        out.append(entry)
     return tuple(out)
+
+
+def _tool_calls(calls, param: str) -> list[dict]:
+    """An assistant message's calls: [{id, type: function, function: {name, arguments (a JSON string)}}]."""
+    if not isinstance(calls, list):
+        raise _bad(f"'{param}' must be a list of calls", param, "invalid_type")
+    out = []
+    for i, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if (not isinstance(function, dict) or not isinstance(function.get("name"), str)
+                or not isinstance(function.get("arguments"), str) or not isinstance(call.get("id"), str)):
+            raise _bad(f"'{param}[{i}]' must be {{id, type: function, function: {{name, arguments: a JSON string}}}}",
+                       f"{param}[{i}]", "invalid_value")
+        try:
+            json.loads(function["arguments"])
+        except json.JSONDecodeError:
+            raise _bad(f"'{param}[{i}].function.arguments' is not JSON", f"{param}[{i}].function.arguments",
+                       "invalid_value") from None
+        out.append({"id": call["id"], "type": "function",
+                    "function": {"name": function["name"], "arguments": function["arguments"]}})
+    return out
 
 
 def _one_prompt(prompt: Any, param: str) -> str | tuple[int, ...]:
@@ -459,11 +492,17 @@ def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
         raise _bad("several prompts are served without 'stream' only", "prompt", "unsupported_value")
     if n > 1 and (stream or len(prompts) > 1):
         raise _bad(f"n = {n} choices are served for one prompt and without 'stream' only", "n", "unsupported_value")
-    grammar = _response_format(body)
-    if grammar is not None and ext.get("grammar") is not None:
-        raise _bad(f"'response_format' and '{EXTENSION}.grammar' or '.regex' cannot both constrain the output",
-                   "response_format", "invalid_value")
-    grammar = grammar or ext.get("grammar")
+    from .tools import ToolsError, parse_tools
+
+    try:
+        tools = parse_tools(body) if kind == "chat" else None
+    except ToolsError as err:
+        raise _bad(str(err), err.param, err.code) from None
+    constraints = [g for g in (_response_format(body), ext.get("grammar"), tools and tools.grammar()) if g]
+    if len(constraints) > 1:
+        raise _bad(f"only one of 'response_format', '{EXTENSION}.grammar' or '.regex', and 'tools' (with a "
+                   "tool_choice other than none) may constrain the output", "response_format", "invalid_value")
+    grammar = constraints[0] if constraints else None
     logprobs = _logprobs(body, kind)
     if grammar is not None and logprobs is not None:
         raise _bad("'logprobs' cannot be combined with 'response_format' or a grammar here (the tokens a grammar "
@@ -478,7 +517,7 @@ def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
         params=SamplingParams(temperature=temperature, top_p=top_p, top_k=ext.get("top_k", 0), **_controls(body)),
         stop=_stop(body), seed=seed, stream=stream, include_usage=stream and include_usage,
         draft=ext.get("draft"), gamma=ext.get("gamma"), lenience=ext.get("lenience", 1.0),
-        logprobs=logprobs, echo=_echo(body, stream), n=n, grammar=grammar,
+        logprobs=logprobs, echo=_echo(body, stream), n=n, grammar=grammar, tools=tools,
     )
 
 

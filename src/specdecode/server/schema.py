@@ -83,7 +83,7 @@ ONE_REPETITION_NAME = {"required": ["repetition_penalty", "repeat_penalty"]}  # 
 
 def chat_body(limits: Limits, names: list[str], drafts: list[str], vocab: int) -> dict:
     message = {"type": "object", "required": ["role", "content"], "additionalProperties": False, "properties": {
-        "role": {"enum": list(ROLES)},
+        "role": {"enum": [r for r in ROLES if r != "tool"]},  # a tool result also needs its call's id
         "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]},
         "name": {"type": "string"}}}
     return {"type": "object", "required": ["model", "messages"], "additionalProperties": False, "properties": {

@@ -17,6 +17,7 @@ from ..text import encode_chat
 from .engine import Engine, Job
 from .metrics import Metrics
 from .request import Limits, RequestError, decode_body
+from .tools import conversation
 
 log = logging.getLogger("specdecode.server")
 
@@ -101,8 +102,9 @@ class ServerState:
             raise RequestError(400, f"'logit_bias' names token id {biased}; the model's vocabulary has ids "
                                     f"0..{self.vocab - 1}", "logit_bias", "invalid_value")
         if req.kind == "chat":
+            messages, tools = conversation(req.messages, req.tools, self.target.tokenizer)
             try:
-                return encode_chat(self.target.tokenizer, req.messages)
+                return encode_chat(self.target.tokenizer, messages, tools)
             except Exception as err:  # a template that refuses this conversation (e.g. role order)
                 raise RequestError(400, f"the chat template refused these messages: {err}", "messages",
                                    "invalid_value") from None

@@ -93,8 +93,11 @@ async def collect(state: ServerState, job: Job, kind: str) -> dict | None:
             logprobs = {key: first[key] + ([o + shift for o in logprobs[key]] if key == "text_offset"
                                            else logprobs[key]) for key in first}
         text = prompt + text
-    choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
-               "logprobs": logprobs}
+    message = {"role": "assistant", "content": text}
+    call = job.request.tools.call_of(text) if kind == "chat" and job.request.tools else None
+    if call is not None:  # the reply is a function call (`tools`)
+        message, finish = {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls"
+    choice = ({"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}
               if kind == "chat" else {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs})
     return {**state.envelope(kind, state.new_id(kind), False), "choices": [choice], "usage": state.usage(job),
             "timings": state.timings(job)}
@@ -115,9 +118,10 @@ async def stream(state: ServerState, job: Job, kind: str):
     rid = state.new_id(kind)
 
     def chunk(text: str | None, finish: str | None = None, role: bool = False, logprobs: dict | None = None,
-              **extra) -> str:
+              delta: dict | None = None, **extra) -> str:
         if kind == "chat":
-            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            if delta is None:
+                delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
             choice = {"index": 0, "delta": delta, "finish_reason": finish}
             if logprobs is not None:
                 choice["logprobs"] = logprobs
@@ -126,6 +130,11 @@ async def stream(state: ServerState, job: Job, kind: str):
         return "data: " + json.dumps({**state.envelope(kind, rid, True), "choices": [choice], **extra}) + "\n\n"
 
     shown = 0  # characters streamed so far (completions' text offsets)
+    # a function call (`tools`) is held back and sent whole as one tool_calls delta once it ends; with
+    # tool_choice auto, the reply's first characters tell a call ("{") from text
+    tools = job.request.tools if kind == "chat" else None
+    calling = None if tools is not None and tools.choice == "auto" else (tools is not None and tools.choice != "none")
+    held: list[str] = []
 
     try:
         if kind == "chat":
@@ -134,6 +143,13 @@ async def stream(state: ServerState, job: Job, kind: str):
             event, value = await job.events.get()
             if event == "piece":
                 text = value.accepted_text + value.target_text
+                if calling is None and (held or text).strip():
+                    calling = ("".join(held) + text).lstrip().startswith("{")
+                    if not calling and held:
+                        text, held = "".join(held) + text, []
+                if calling is not False:
+                    held.append(text)
+                    continue
                 entries = value.step.logprobs if job.request.logprobs is not None else None
                 if entries and value.finish_reason == "stop":
                     entries = state.kept(entries, text, "stop")
@@ -144,7 +160,14 @@ async def stream(state: ServerState, job: Job, kind: str):
                 yield "data: " + json.dumps(state.generation_failed(job, value).body()) + "\n\n"
                 break
             else:
-                yield chunk(None, FINISH[job.stats.finish_reason], timings=state.timings(job))  # llama-server's
+                finish = FINISH[job.stats.finish_reason]
+                call = tools.call_of("".join(held)) if held else None
+                if call is not None:
+                    yield chunk(None, delta={"tool_calls": [{"index": 0, **call}]})
+                    finish = "tool_calls"
+                elif held:  # not a call after all (cut short): the text as it came
+                    yield chunk("".join(held))
+                yield chunk(None, finish, timings=state.timings(job))  # llama-server's
                 if job.request.include_usage:  # as OpenAI: one more chunk, with no choices
                     yield "data: " + json.dumps({**state.envelope(kind, rid, True), "choices": [],
                                                  "usage": state.usage(job)}) + "\n\n"
