@@ -381,8 +381,9 @@ class Decoding:
                 nodes.append((nodes[parent] if parent >= 0 else []) + [tokens[node]])
             paths = [[]] + nodes
         masks = self.constraint.masks(paths)
-        if draft.probs is None and None in masks:
-            keep = masks.index(None) - 1  # the draft tokens before the first forbidden one
+        reached = [m is not None for m in masks]
+        if draft.probs is None and not all(reached):
+            keep = reached.index(False) - 1  # the draft tokens before the first forbidden one
             if draft.parents is None:
                 draft = Draft(draft.tokens[:, :keep]) if keep else NO_DRAFT
             else:
