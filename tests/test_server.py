@@ -879,3 +879,18 @@ def test_a_conversation_with_calls_and_results_continues_and_auto_may_answer_in_
 def test_bad_tools_are_400s_naming_the_field(server, extra, param):
     status, body, _ = post(server[0], "/v1/chat/completions", chat(**extra))
     assert status == 400 and body["error"]["param"] == param, body
+
+
+def test_langchain_binds_tools_and_gets_structured_output(server):
+    """What agent frameworks send: langchain's bind_tools (a forced call) and with_structured_output
+    (json_schema, and json_mode)."""
+    chat_models = pytest.importorskip("langchain_openai")
+    model = chat_models.ChatOpenAI(base_url=server[0] + "/v1", api_key="unused", model=MODEL, temperature=0,
+                                   max_tokens=64, max_retries=0)
+    ai = model.bind_tools([WEATHER], tool_choice="get_weather").invoke("What is the weather in Oslo, in celsius?")
+    assert ai.tool_calls[0]["name"] == "get_weather" and set(ai.tool_calls[0]["args"]) == {"city", "unit"}
+    city = model.with_structured_output(City, method="json_schema").invoke("Describe Paris.")
+    assert isinstance(city, City) and city.name
+    loose = model.with_structured_output(method="json_mode").invoke(
+        'What is 2 + 2? Answer in JSON as {"answer": number}.')
+    assert isinstance(loose, dict)
