@@ -16,8 +16,10 @@ value: it is emitted without drafting or sampling (`Constraint.forced`) and fed 
 the next call, whose keys and values still need it.
 
 llguidance computes the allowed tokens (a bitmask per position), consumes and rolls back tokens,
-and names the tokens a state forces; it was chosen over xgrammar for its mask time on this
-project's vocabularies (benchmarks/results/grammar_engines.md).
+and names the tokens a state forces. Against xgrammar (benchmarks/results/grammar_engines.md): its
+masks cost a few microseconds more a token (well under 1% of a step), it turns a schema into a
+matcher about 9 times faster (once per request), and it reads Lark grammars and the `tokenizers`
+JSON as they are.
 """
 
 from __future__ import annotations
