@@ -140,14 +140,32 @@ def test_greedy_constrained_output_is_the_same_with_and_without_speculation_on_t
         assert spec == plain, type(drafter).__name__
 
 
-def test_bad_grammars_and_logprobs_with_a_grammar_are_named():
+def test_bad_grammars_are_named():
     with pytest.raises(GrammarError, match="JSON schema"):
         Grammar.json_schema("{not json")
     target, _ = world()
     with pytest.raises(GrammarError):
         constraint_for(Grammar.lark("start: undefined_rule"), target)
-    with pytest.raises(ValueError, match="logprobs"):
-        Decoding(target, PromptLookupDrafter(), PROMPT, logprobs=2, constraint=constraint_for(PAIRS, target))
+
+
+def test_logprobs_under_a_grammar_are_the_unconstrained_targets_for_every_token():
+    """Asked for log-probabilities, a forced token is sampled like any other (its only value), so
+    every token has the target's own row: the same tokens as without them, each with the raw
+    log-softmax of the target's logits after its prefix, with and without speculation."""
+    target, draft = world()
+    greedy = SamplingParams(temperature=0, logit_bias={0: 2.0})  # a's, so b's are forced
+    plain = [t for s in autoregressive_decode(target, PROMPT, params=greedy, max_new_tokens=20,
+                                              constraint=constraint_for(PAIRS, target)) for t in s.tokens]
+    for run in (lambda **k: autoregressive_decode(target, PROMPT, **k),
+                lambda **k: speculative_decode(target, ModelDrafter(draft), PROMPT, gamma=3, **k)):
+        steps = list(run(params=greedy, max_new_tokens=20, logprobs=2, constraint=constraint_for(PAIRS, target)))
+        tokens = [t for s in steps for t in s.tokens]
+        entries = [e for s in steps for e in s.logprobs]
+        assert tokens == plain and "ab" in "".join(PIECES[t] for t in tokens)
+        assert not any(s.forced for s in steps) and [e.token for e in entries] == tokens
+        for i, entry in enumerate(entries):
+            raw = torch.log_softmax(target.logits_for(tuple(PROMPT + tokens[:i])).double(), -1)
+            assert entry.logprob == pytest.approx(raw[tokens[i]].item(), abs=1e-6)
 
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},

@@ -804,6 +804,13 @@ def test_json_object_streamed_and_a_regex_are_followed(server, client):
     status, body, _ = post(server[0], "/v1/completions", {"model": MODEL, "prompt": "My phone number is",
                                                           "max_tokens": 20, "specdecode": {"regex": r" \d{3}-\d{4}"}})
     assert status == 200 and re.fullmatch(r" \d{3}-\d{4}", body["choices"][0]["text"]), body
+    # with log-probabilities: one per token of the reply, the target's own
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
+                                           response_format={"type": "json_object"}, temperature=0, max_tokens=64,
+                                           logprobs=True, top_logprobs=2)
+    choice = reply.choices[0]
+    assert "".join(t.token for t in choice.logprobs.content).startswith(choice.message.content)
+    assert len(choice.logprobs.content) == reply.usage.completion_tokens
 
 
 @pytest.mark.parametrize("extra, param", [
@@ -812,7 +819,6 @@ def test_json_object_streamed_and_a_regex_are_followed(server, client):
     ({"response_format": {"type": "xml"}}, "response_format"),
     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"specdecode": {"grammar": "start: missing_rule"}}, "specdecode.grammar"),
-    ({"response_format": {"type": "json_object"}, "logprobs": True}, "logprobs"),
 ])
 def test_unusable_grammars_are_400s_naming_the_field(server, extra, param):
     status, body, _ = post(server[0], "/v1/chat/completions", chat(**extra))

@@ -90,13 +90,6 @@ def check_logprobs(logprobs: int | None) -> int | None:
     return logprobs
 
 
-def check_constraint(constraint, logprobs: int | None) -> None:
-    """A grammar's forced tokens are never scored on their own: their log-probabilities do not exist."""
-    if constraint is not None and logprobs is not None:
-        raise ValueError("logprobs cannot be combined with a grammar or JSON schema (the tokens a grammar "
-                         "forces are never scored on their own)")
-
-
 def check_device(device: str | None) -> None:
     """--device: cpu or cuda (cuda:N), and cuda only where this torch can use it."""
     if device in (None, "cpu"):

@@ -22,7 +22,7 @@ import torch
 from .drafters.base import Draft, Drafter, check_drafter
 from .gamma import AdaptiveGamma, GammaPolicy, as_policy
 from .models.base import ForwardCall, Model, capabilities, check_same_vocab, forward_batch
-from .checks import check_constraint, check_lenience, check_logprobs, check_max_new_tokens, check_prompt_ids
+from .checks import check_lenience, check_logprobs, check_max_new_tokens, check_prompt_ids
 from .sampling import History, SamplingParams, draw, make_generator
 from .verify import verify_draft
 from .grammar import Constraint, apply_masks
@@ -183,7 +183,6 @@ class Decoding:
         to what the grammar allows after that row's prefix, and the tokens it forces are emitted unsampled."""
         check_request(target, prompt, max_new_tokens)
         self.logprobs = check_logprobs(logprobs)
-        check_constraint(constraint, logprobs)
         self.constraint = constraint
         check_lenience(lenience)
         check_drafter(drafter)
@@ -294,7 +293,7 @@ class Decoding:
         lead, masks = [], None
         if self.constraint is not None:
             if prefill:  # tokens the grammar forces before the first choice go with the prompt
-                lead = self.constraint.forced()
+                lead = self._forced()
                 self.constraint.consume(lead)
                 self.context.extend(lead)
             draft, masks = self._constrain(draft)
@@ -349,7 +348,7 @@ class Decoding:
         after: list[int] = []
         if self.constraint is not None:
             self.constraint.consume(new)
-            after = self.constraint.forced()
+            after = self._forced()
             self.constraint.consume(after)
         sampled = len(new)
         limit = self.limit
@@ -366,6 +365,12 @@ class Decoding:
                     tree=draft.parents is not None, forecast=forecast, forced=forced,
                     logprobs=None if self.logprobs is None else token_logprobs(raw, new, outcome.path,
                                                                                self.logprobs))
+
+    def _forced(self) -> list[int]:
+        """The tokens the grammar forces from here, to emit without a call of their own; none where
+        log-probabilities are asked for: a forced token is then sampled from the restricted target
+        like any other (its only value), so that the target's row for it is there to report."""
+        return self.constraint.forced() if self.logprobs is None else []
 
     def _constrain(self, draft: Draft) -> tuple[Draft, list]:
         """The grammar's allowed tokens for each row the call verifies (row 0 after the context, then
@@ -409,13 +414,13 @@ def autoregressive_decode(
     and `constraint` as for `speculative_decode`: a grammar's forced tokens are fed with the next call)."""
     check_request(target, prompt, max_new_tokens)
     check_logprobs(logprobs)
-    check_constraint(constraint, logprobs)
     eos = frozenset(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
     gen = make_generator(seed, generator, target.device)
     limit = target.max_positions
     cache = target.new_cache()
     length, emitted, history = len(prompt), 0, None
-    lead = constraint.forced() if constraint is not None else []
+    force = constraint is not None and logprobs is None  # forced tokens unsampled (see Decoding._forced)
+    lead = constraint.forced() if force else []
     if constraint is not None:
         constraint.consume(lead)
     unseen = list(prompt) + lead  # the first call prefills the prompt, later ones feed what followed
@@ -432,7 +437,7 @@ def autoregressive_decode(
         new = [token]
         if constraint is not None:
             constraint.consume(new)
-            after = constraint.forced()
+            after = constraint.forced() if force else []
             constraint.consume(after)
             new = new + after
         if history is not None:

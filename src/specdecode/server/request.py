@@ -504,9 +504,6 @@ def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
                    "tool_choice other than none) may constrain the output", "response_format", "invalid_value")
     grammar = constraints[0] if constraints else None
     logprobs = _logprobs(body, kind)
-    if grammar is not None and logprobs is not None:
-        raise _bad("'logprobs' cannot be combined with 'response_format' or a grammar here (the tokens a grammar "
-                   "forces are not scored on their own)", "logprobs", "unsupported_value")
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
     return Request(
