@@ -212,3 +212,19 @@ def test_generate_follows_a_json_schema_file_and_a_regex_from_the_cli(capsys, tm
     assert code == 0 and json.loads(out)["text"] in ("yes", "no")
     code, _, err = run_cli(capsys, "generate", "--json-schema", str(tmp_path / "missing.json"), "x")
     assert code == 2 and "missing.json" in err
+
+
+def test_the_batch_engine_gives_each_request_its_own_matcher():
+    """Three requests decoded together under one grammar: each follows it, and greedy each gets what
+    it gets alone (a matcher shared between them would mix their states)."""
+    from specdecode.batch import generate_batch
+
+    target, draft = world()
+    greedy = SamplingParams(temperature=0, logit_bias={0: 1.0})
+    prompts = [PROMPT, PROMPT + [2], PROMPT + [0, 1]]
+    alone = [[t for s in speculative_decode(target, ModelDrafter(draft), p, gamma=3, params=greedy, max_new_tokens=16,
+                                            constraint=constraint_for(PAIRS, target)) for t in s.tokens]
+             for p in prompts]
+    together = generate_batch(target, prompts, lambda: ModelDrafter(draft), gamma=3, params=greedy,
+                              max_new_tokens=16, grammar=PAIRS)
+    assert [r.stats.tokens for r in together] == alone

@@ -30,7 +30,7 @@ from .decode import Decoding, check_request
 from .drafters.base import Drafter
 from .drafters.lookup import PromptLookupDrafter
 from .gamma import AUTO, AdaptiveGamma, GammaPolicy, as_policy, draft_lengths
-from .grammar import Constraint
+from .grammar import Constraint, Grammar, constraint_for
 from .models.base import ForwardCall, capabilities, forward_batch, request_cache
 from .checks import check_lenience, check_logprobs, check_stop
 from .prefix import PrefixCache
@@ -102,10 +102,10 @@ class Batch:
     def submit(self, prompt_ids: Sequence[int], drafter: Drafter | None = None, *, gamma: int | str = AUTO,
                params: SamplingParams = SamplingParams(), max_new_tokens: int = 128, lenience: float = 1.0,
                seed: int | None = None, stop: Sequence[str] = (), stats: Stats | None = None,
-               logprobs: int | None = None, constraint: Constraint | None = None) -> BatchRequest:
-        """Queue a request (plain decoding when `drafter` is None); bad settings raise ValueError here.
-        `stats`: filled in as the request decodes (a fresh one by default); `constraint`: a grammar's
-        matcher for this request (`grammar.constraint_for`)."""
+               logprobs: int | None = None, grammar: Grammar | None = None) -> BatchRequest:
+        """Queue a request (plain decoding when `drafter` is None); bad settings raise ValueError here
+        (a grammar that does not compile: `grammar.GrammarError`). `stats`: filled in as the request
+        decodes (a fresh one by default); `grammar`: what the output follows (`grammar.Grammar`)."""
         prompt_ids = list(prompt_ids)
         check_request(self.target, prompt_ids, max_new_tokens)
         check_lenience(lenience)
@@ -114,7 +114,8 @@ class Batch:
         if gamma != AUTO:
             as_policy(gamma)  # checks it
         request = BatchRequest(prompt_ids, drafter, gamma, params, max_new_tokens, lenience, seed,
-                               check_stop(stop), check_logprobs(logprobs), constraint, id=next(self._ids),
+                               check_stop(stop), check_logprobs(logprobs), constraint_for(grammar, self.target),
+                               id=next(self._ids),
                                stats=Stats() if stats is None else stats)
         request.started = self.clock()
         self.waiting.append(request)

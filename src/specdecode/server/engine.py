@@ -22,7 +22,6 @@ import torch
 
 from .. import defaults
 from ..batch import Batch, BatchRequest
-from ..grammar import Constraint
 from ..decode import token_logprobs
 from ..drafters.spec import SUFFIX, DraftSpec, load_draft_model, make_drafter
 from ..drafters.suffix import SuffixCache
@@ -43,7 +42,6 @@ class Job:
     stats: Stats = field(default_factory=Stats)
     first_token_seconds: float | None = None
     prompt_logprobs: list | None = None  # echo with logprobs: the prompt's tokens from the second on (TokenLogprob)
-    constraint: Constraint | None = None  # the request's grammar, matched for this generation
 
     def emit(self, kind: str, value) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
@@ -161,7 +159,7 @@ class Engine:
             r = self._batch.submit(job.prompt_ids, drafter, gamma=self.gamma if request.gamma is None else request.gamma,
                                    params=request.params, max_new_tokens=request.max_tokens, lenience=request.lenience,
                                    seed=request.seed, stop=request.stop, stats=job.stats, logprobs=request.logprobs,
-                                   constraint=job.constraint)
+                                   grammar=request.grammar)
         except Exception as err:  # a request that cannot start fails alone
             job.emit("error", f"generation failed: {type(err).__name__}: {err}")
             self._end(None, job)

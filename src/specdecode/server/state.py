@@ -117,13 +117,13 @@ class ServerState:
             return list(req.prompt)
         return self.tokenize_text(req.prompt, True, "prompt")
 
-    def constraint(self, req):
-        """A matcher of the request's grammar for one generation (None without one); a grammar this
-        model's tokenizer cannot follow is the request's problem, named."""
+    def check_grammar(self, req) -> None:
+        """A grammar this model's tokenizer cannot follow is the request's problem, named (a matcher
+        is built and dropped: about a millisecond)."""
         from ..grammar import GrammarError, constraint_for
 
         try:
-            return constraint_for(req.grammar, self.target)
+            constraint_for(req.grammar, self.target)
         except GrammarError as err:
             param = {"lark": "specdecode.grammar", "regex": "specdecode.regex",
                      "json_schema": "response_format.json_schema.schema"}[req.grammar.kind]

@@ -51,8 +51,9 @@ async def submit(state: ServerState, request: HTTPRequest, kind: str) -> tuple[R
     jobs = []
     for one in requests:
         ids = state.encode(one)
+        state.check_grammar(one)
         jobs.append(Job(_fit(one, len(ids), state.target.max_positions), ids, asyncio.get_running_loop(),
-                        asyncio.Queue(), constraint=state.constraint(one)))
+                        asyncio.Queue()))
     try:
         for job in jobs:
             state.engine.submit(job)
