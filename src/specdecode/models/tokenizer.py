@@ -29,7 +29,7 @@ class Tokenizer:
     def __init__(self, directory: Path) -> None:
         from tokenizers import Tokenizer as Backend
 
-        directory = Path(directory)
+        self.directory = directory = Path(directory)  # the files it was read from
         self.backend = Backend.from_file(str(directory / "tokenizer.json"))
         config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
         self.special = {name: _content(config.get(name)) for name in SPECIAL_NAMES if config.get(name) is not None}
