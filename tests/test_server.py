@@ -900,3 +900,19 @@ def test_langchain_binds_tools_and_gets_structured_output(server):
     loose = model.with_structured_output(method="json_mode").invoke(
         'What is 2 + 2? Answer in JSON as {"answer": number}.')
     assert isinstance(loose, dict)
+
+
+def test_auto_streams_text_as_text_and_a_call_as_a_call(client):
+    """tool_choice auto, streamed: a reply that is text arrives as content deltas; one that is a call
+    arrives as a tool_calls delta (its first characters decide)."""
+    for content in ("Say hello to Ana.", "Call get_weather for Oslo in celsius."):
+        chunks = [c.choices[0] for c in client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": content}], tools=[WEATHER], temperature=0,
+            max_tokens=48, stream=True) if c.choices]
+        text = "".join(c.delta.content or "" for c in chunks)
+        calls = [d for c in chunks for d in (c.delta.tool_calls or [])]
+        assert bool(calls) != bool(text.strip()), (text, calls)
+        if calls:
+            assert chunks[-1].finish_reason == "tool_calls" and json.loads(calls[0].function.arguments)
+        else:
+            assert chunks[-1].finish_reason in ("stop", "length")

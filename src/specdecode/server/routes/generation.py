@@ -144,7 +144,7 @@ async def stream(state: ServerState, job: Job, kind: str):
             event, value = await job.events.get()
             if event == "piece":
                 text = value.accepted_text + value.target_text
-                if calling is None and (held or text).strip():
+                if calling is None and ("".join(held) + text).strip():
                     calling = ("".join(held) + text).lstrip().startswith("{")
                     if not calling and held:
                         text, held = "".join(held) + text, []
