@@ -74,15 +74,6 @@ class Grammar:
 
         return cls("lark", LLMatcher.grammar_from_lark(text))
 
-    def check(self, tokenizer) -> None:
-        """Raise GrammarError naming the problem if the grammar does not compile (an unsupported
-        schema keyword, a bad pattern)."""
-        from llguidance import LLMatcher
-
-        ok, warnings_or_error = LLMatcher.validate_grammar_with_warnings(self.text, tokenizer)
-        if not ok:
-            raise GrammarError(f"the {self.kind.replace('_', ' ')} does not compile: {warnings_or_error}")
-
 
 def engine_tokenizer(tokenizer, vocab_size: int, eos_token_ids: Sequence[int]):
     """llguidance's view of a model's tokenizer (its tokens' bytes), built once per tokenizer and
@@ -134,7 +125,6 @@ class Constraint:
         self.matcher = LLMatcher(engine_tok, grammar.text, log_level=0)
         if self.matcher.is_error():
             raise GrammarError(f"the {grammar.kind.replace('_', ' ')} does not compile: {self.matcher.get_error()}")
-        self.consumed = 0  # tokens the matcher holds (the generation's output so far)
 
     def _allowed(self) -> np.ndarray:  # [ceil(V / 8)] uint8: bit t (little-endian) set where token t is allowed
         return np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
@@ -170,16 +160,11 @@ class Constraint:
                 return  # the end-of-text token after an accepting state
             if not self.matcher.consume_token(int(token)):
                 raise RuntimeError(f"token {token} was emitted against the grammar: {self.matcher.get_error()}")
-            self.consumed += 1
 
     def forced(self) -> list[int]:
         """The tokens the grammar allows alone from here, in order (none where it allows a choice);
         the end-of-text token once the grammar is complete and allows nothing more."""
         return [self.eos] if self.matcher.is_stopped() else list(self.matcher.compute_ff_tokens())
-
-    @property
-    def stopped(self) -> bool:
-        return self.matcher.is_stopped()
 
 
 def apply_masks(logits: torch.Tensor, masks: Sequence[np.ndarray | None]) -> torch.Tensor:
