@@ -239,15 +239,7 @@ class Decoding:
         if self.history is None:  # the prompt's counts, and the output's so far (a grammar's forced lead)
             self.history = History(self.params, self.context[: self.prompt_length], logits.shape[-1])
             self.history.extend(self.context[self.prompt_length:])
-        tokens = draft.tokens[0].tolist()
-        if draft.parents is None:
-            drafted = [tokens[:i] for i in range(logits.shape[1])]
-        else:
-            paths: list[list[int]] = []
-            for node, parent in enumerate(draft.parents):
-                paths.append((paths[parent] if parent >= 0 else []) + [tokens[node]])
-            drafted = [[]] + paths
-        return self.history.adjust(logits[0], drafted)[None]
+        return self.history.adjust(logits[0], draft.prefixes())[None]
 
     def prepare(self, gamma: int | None = None) -> ForwardCall:
         """Steps 1-3: plan, draft, and the target call that scores the draft. `gamma` overrides the
@@ -377,15 +369,7 @@ class Decoding:
         after each draft token's prefix), and the draft cut before the first token the grammar forbids
         where it is deterministic (q a point mass: the same distribution, one row fewer; see `grammar`).
         A sampled draft keeps its forbidden token, which verification rejects with certainty."""
-        tokens = draft.tokens[0].tolist()
-        if draft.parents is None:
-            paths = [tokens[:i] for i in range(len(tokens) + 1)]
-        else:
-            nodes: list[list[int]] = []
-            for node, parent in enumerate(draft.parents):
-                nodes.append((nodes[parent] if parent >= 0 else []) + [tokens[node]])
-            paths = [[]] + nodes
-        masks = self.constraint.masks(paths)
+        masks = self.constraint.masks(draft.prefixes())
         reached = [m is not None for m in masks]
         if draft.probs is None and not all(reached):
             keep = reached.index(False) - 1  # the draft tokens before the first forbidden one

@@ -40,6 +40,17 @@ class Draft:
         probs = None if self.probs is None else self.probs[:, :n]
         return Draft(self.tokens[:, :n], probs, self.parents[:n], self.reach[:n] if self.reach else None)
 
+    def prefixes(self) -> list[list[int]]:
+        """The draft tokens before each row a call verifies: row 0 follows the context alone, row
+        1 + i draft token i after the tokens before it (a chain's) or its ancestors (a tree's)."""
+        tokens = self.tokens[0].tolist()
+        if self.parents is None:
+            return [tokens[:i] for i in range(len(tokens) + 1)]
+        nodes: list[list[int]] = []
+        for node, parent in enumerate(self.parents):
+            nodes.append((nodes[parent] if parent >= 0 else []) + [tokens[node]])
+        return [[], *nodes]
+
     def main_path(self) -> list[int]:
         """The nodes of the main chain: from the context, each node's first child (a chain: all)."""
         if self.parents is None:
