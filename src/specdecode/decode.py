@@ -184,6 +184,7 @@ class Decoding:
         check_request(target, prompt, max_new_tokens)
         self.logprobs = check_logprobs(logprobs)
         self.constraint = constraint
+        self.force = logprobs is None  # forced tokens emitted unsampled; with logprobs, sampled to be scored
         check_lenience(lenience)
         check_drafter(drafter)
         if drafter.vocab is not None:
@@ -285,8 +286,7 @@ class Decoding:
         lead, masks = [], None
         if self.constraint is not None:
             if prefill:  # tokens the grammar forces before the first choice go with the prompt
-                lead = self._forced()
-                self.constraint.consume(lead)
+                lead = self.constraint.advance([], self.force)
                 self.context.extend(lead)
             draft, masks = self._constrain(draft)
 
@@ -337,11 +337,7 @@ class Decoding:
                            g or (shadow_draft.gamma if shadow_draft else 0))
 
         # 6. Stop on EOS, the length limit, or a full context window. A grammar's forced tokens follow.
-        after: list[int] = []
-        if self.constraint is not None:
-            self.constraint.consume(new)
-            after = self._forced()
-            self.constraint.consume(after)
+        after = self.constraint.advance(new, self.force) if self.constraint is not None else []
         sampled = len(new)
         limit = self.limit
         new, finish = _finish(lead + new + after, self.emitted, self.max_new_tokens, self.eos,
@@ -357,12 +353,6 @@ class Decoding:
                     tree=draft.parents is not None, forecast=forecast, forced=forced,
                     logprobs=None if self.logprobs is None else token_logprobs(raw, new, outcome.path,
                                                                                self.logprobs))
-
-    def _forced(self) -> list[int]:
-        """The tokens the grammar forces from here, to emit without a call of their own; none where
-        log-probabilities are asked for: a forced token is then sampled from the restricted target
-        like any other (its only value), so that the target's row for it is there to report."""
-        return self.constraint.forced() if self.logprobs is None else []
 
     def _constrain(self, draft: Draft) -> tuple[Draft, list]:
         """The grammar's allowed tokens for each row the call verifies (row 0 after the context, then
@@ -403,10 +393,8 @@ def autoregressive_decode(
     limit = target.max_positions
     cache = target.new_cache()
     length, emitted, history = len(prompt), 0, None
-    force = constraint is not None and logprobs is None  # forced tokens unsampled (see Decoding._forced)
-    lead = constraint.forced() if force else []
-    if constraint is not None:
-        constraint.consume(lead)
+    force = logprobs is None  # forced tokens unsampled; with logprobs, sampled to be scored
+    lead = constraint.advance([], force) if constraint is not None else []
     unseen = list(prompt) + lead  # the first call prefills the prompt, later ones feed what followed
     while True:
         t0 = time.perf_counter()
@@ -420,10 +408,7 @@ def autoregressive_decode(
         token = int(draw(row, params, gen))
         new = [token]
         if constraint is not None:
-            constraint.consume(new)
-            after = constraint.forced() if force else []
-            constraint.consume(after)
-            new = new + after
+            new += constraint.advance(new, force)
         if history is not None:
             history.extend(new)
         t1 = time.perf_counter()

@@ -161,6 +161,15 @@ class Constraint:
             if not self.matcher.consume_token(int(token)):
                 raise RuntimeError(f"token {token} was emitted against the grammar: {self.matcher.get_error()}")
 
+    def advance(self, tokens: Sequence[int], force: bool = True) -> list[int]:
+        """Consume the tokens the generation emitted, then (with `force`) the tokens the grammar forces
+        from there, which are returned to be emitted unsampled. Without `force` they are sampled like
+        any other (their restricted distribution's only value), so that the target scores each."""
+        self.consume(tokens)
+        forced = self.forced() if force else []
+        self.consume(forced)
+        return forced
+
     def forced(self) -> list[int]:
         """The tokens the grammar allows alone from here, in order (none where it allows a choice);
         the end-of-text token once the grammar is complete and allows nothing more."""
