@@ -120,6 +120,14 @@ def quantize(source: Path, kind: str, out: Path) -> Path:
     return out
 
 
+def llama_server(binary: Path, model: Path, port: int, threads: int, slots: int, spec: str | None) -> list[str]:
+    """llama-server's command line: `slots` parallel sequences with 4,096 positions each, no web page,
+    plain or with a `--spec-type`."""
+    command = [str(binary / "llama-server"), "-m", str(model), "--port", str(port), "--host", "127.0.0.1",
+               "-t", str(threads), "-np", str(slots), "-c", str(4096 * slots), "--no-webui"]
+    return command + (["--spec-type", spec] if spec else [])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--llama-bin", required=True, help="the folder holding llama-server")
@@ -166,15 +174,11 @@ def main() -> int:
         with running(command, port, work / f"serve-{draft}.log"):
             record(" ".join([f"specdecode serve --draft {draft}", *args.serve_args.split()]), f"http://127.0.0.1:{port}/v1",
                    "smol", top)
-    server = Path(args.llama_bin) / "llama-server"
     for kind, path in files.items():
         for spec in [None, *args.spec_types]:
             for np_ in sorted({1, top}):
                 port = free_port()
-                command = [str(server), "-m", str(path), "--port", str(port), "--host", "127.0.0.1",
-                           "-t", str(args.threads), "-np", str(np_), "-c", str(4096 * np_), "--no-webui"]
-                if spec:
-                    command += ["--spec-type", spec]
+                command = llama_server(Path(args.llama_bin), path, port, args.threads, np_, spec)
                 name = f"llama-server {kind.upper()} {spec or 'plain'}" + (f" -np {np_}" if np_ > 1 else "")
                 with running(command, port, work / f"llama-{kind}-{spec}-{np_}.log"):
                     record(name, f"http://127.0.0.1:{port}/v1", "smol", np_ if np_ > 1 else 1)

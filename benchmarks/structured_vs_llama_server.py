@@ -21,7 +21,7 @@ from pathlib import Path
 import openai
 
 from record import cpu_model, publish
-from serve_vs_llama_server import free_port, quantize, running
+from serve_vs_llama_server import free_port, llama_server, quantize, running
 from structured import CASES, valid
 
 
@@ -82,14 +82,10 @@ def main() -> int:
         base = f"http://127.0.0.1:{port}/v1"
         record("specdecode serve, schema, no speculation", base, args.clients, {"specdecode": {"gamma": 0}})
         record("specdecode serve, schema, lookup gamma auto", base, args.clients)
-    server = Path(args.llama_bin) / "llama-server"
     for spec in (None, "ngram-mod"):
         for np_ in sorted({1, top}):
             port = free_port()
-            command = [str(server), "-m", str(q4_0), "--port", str(port), "--host", "127.0.0.1", "-t",
-                       str(args.threads), "-np", str(np_), "-c", str(4096 * np_), "--no-webui"]
-            if spec:
-                command += ["--spec-type", spec]
+            command = llama_server(Path(args.llama_bin), q4_0, port, args.threads, np_, spec)
             with running(command, port, work / f"llama-structured-{spec}-{np_}.log"):
                 record(f"llama-server Q4_0 {spec or 'plain'}" + (f" -np {np_}" if np_ > 1 else ""),
                        f"http://127.0.0.1:{port}/v1", [c for c in args.clients if (c > 1) == (np_ > 1)])
