@@ -51,11 +51,11 @@ def model(request):
     name, path, dtype = request.param
     model = load_on_path(path, dtype)
     if name == "loop":  # float32 products run in the one C call too: the loop is what is tested here
-        model.layer_pointers = None
+        model.c_layers = None
     if name == "torch":
-        assert model.layer_pointers is None
+        assert model.c_layers is None
     if name == "q4f":
-        assert model.layer_pointers is not None and model.dtype == "int4"
+        assert model.c_layers is not None and model.dtype == "int4"
     return model
 
 

@@ -34,7 +34,7 @@ def world(tmp_path_factory):
     """(target, its feature corpus, a draft trained on it, the draft's file)."""
     root = tmp_path_factory.mktemp("eagle")
     target = load_native(quantize(write_llama(root / "tiny.gguf"), "Q8_0"))
-    if target.layer_pointers is None:
+    if target.c_layers is None:
         pytest.skip("the C kernels do not run this target's layers here")
     corpus = generate_features(target, 600, concurrent=8, max_new_tokens=32, seed=0, log=lambda m: None,
                                max_sequences=16)
@@ -339,7 +339,7 @@ def test_a_cache_keeps_the_residual_stream_after_the_layers_a_draft_reads(world,
     step = torch.tensor([[5]])
     both = target.forward_batch([ForwardCall(step, plain, 1), ForwardCall(step, tapped, 1)])
     assert torch.equal(both[0], both[1]) and torch.equal(tapped.features[T, D:], plain.features[T])
-    monkeypatch.setattr(target, "layer_pointers", None)  # the same call, one operation at a time
+    monkeypatch.setattr(target, "c_layers", None)  # the same call, one operation at a time
     loop = target.new_cache(64)
     loop.keep_features(D, (1,))
     target.forward(ids, loop, prefill=False)

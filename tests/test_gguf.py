@@ -97,7 +97,7 @@ def test_q4_0_runs_on_the_4_bit_kernels_and_speculation_is_lossless(files):
     from specdecode import PromptLookupDrafter, SamplingParams, autoregressive_decode, speculative_decode
 
     model = load_native(files["Q4_0"], max_positions=256)
-    assert model.dtype in ("int4", "w4a8") and model.layer_pointers is not None
+    assert model.dtype in ("int4", "w4a8") and model.c_layers is not None
     half = torch.randint(0, 49152, (24,), generator=torch.Generator().manual_seed(2)).tolist()
     prompt, greedy = half + half, SamplingParams(temperature=0.0)  # repeated: prompt lookup drafts from it
     plain = [t for step in autoregressive_decode(model, prompt, params=greedy, max_new_tokens=40)
@@ -140,15 +140,15 @@ def test_a_tied_table_is_held_once_and_its_lookups_are_the_files_rows(files, dty
 def _fused_and_looped(native, prefix: list[int], tokens: list[int]):
     """(logits of `tokens` after `prefix`, the cache's keys), decoded with the layers in one C call and
     then one operation at a time (the prefix through the decode path too)."""
-    fused, results = native.layer_pointers, []
+    fused, results = native.c_layers, []
     for pointers in (fused, None):
-        native.layer_pointers, cache = pointers, native.new_cache()
+        native.c_layers, cache = pointers, native.new_cache()
         try:
             native.forward(torch.tensor([prefix]), cache, num_logits=1, prefill=False)
             logits = native.forward(torch.tensor([tokens]), cache)
             results.append((logits, cache.k[:, :, : len(prefix) + len(tokens)].clone()))
         finally:
-            native.layer_pointers = fused
+            native.c_layers = fused
     return results
 
 
@@ -157,13 +157,11 @@ def _fused_and_looped(native, prefix: list[int], tokens: list[int]):
 def test_decode_layers_of_mixed_product_kinds_equal_the_per_operation_loop_bit_for_bit(files, fmt):
     """8-bit, K-quant 4-bit (float32 coefficients) and 6-bit products in the one C call of a decode
     forward, as a Q8_0 or Q4_K_M file mixes them, compute what the per-operation loop does."""
-    from specdecode.models.native.kernels import PRODUCTS
-
     native = load_native(files[fmt], dtype="w4a8", max_positions=64)
-    pointers = native.layer_pointers
-    assert pointers is not None
-    expected = {"Q8_0": {PRODUCTS["q8q8"]}, "Q4_K_M": {PRODUCTS["q4kq8"], PRODUCTS["q6q8"]}}[fmt]
-    assert expected <= set(pointers[1].flatten().tolist())
+    assert native.c_layers is not None
+    ids = native.kernels.products
+    expected = {"Q8_0": {ids["q8q8"]}, "Q4_K_M": {ids["q4kq8"], ids["q6q8"]}}[fmt]
+    assert expected <= set(native.c_layers.tensors[1].flatten().tolist())
     fused, looped = _fused_and_looped(native, list(range(2000, 2030)), [7, 70, 700, 7000])
     assert all(torch.equal(x, y) for x, y in zip(fused, looped))
 
@@ -192,7 +190,7 @@ def test_a_v_of_another_kind_stacks_beside_q_and_k_on_their_own_groups(k_quants,
     qkv = native.blocks[0]["qkv"]
     assert isinstance(qkv, StackedLinear) and [p.kind for p in qkv.parts] == [
         {"Q4_K_M": "q4kq8", "Q5_K_M": "q5kq8"}[fmt], "q6q8"]
-    assert qkv.out_features == 3 * 256 and native.layer_pointers is not None
+    assert qkv.out_features == 3 * 256 and native.c_layers is not None
     fused, looped = _fused_and_looped(native, list(range(2000, 2030)), [7, 70, 700, 7000])
     assert all(torch.equal(x, y) for x, y in zip(fused, looped))
     oracle = load_model(str(k_quants[fmt]), backend="llama.cpp", n_ctx=64)
@@ -240,7 +238,7 @@ def test_qwen_architectures_match_llama_cpp_and_their_decode_layers_match_the_lo
     same reasons), and the one C call of a decode forward, with the bias or the q/k norms inside it,
     bit-identical to the per-operation loop."""
     native = load_native(architectures[arch], max_positions=64)
-    assert native.layer_pointers is not None
+    assert native.c_layers is not None
     oracle = load_model(str(architectures[arch]), backend="llama.cpp", n_ctx=64)
     tokens = torch.randint(0, 49152, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     ours, theirs = _next_token_logprobs(native, tokens), _next_token_logprobs(oracle, tokens)
@@ -273,7 +271,7 @@ def test_gemma3_matches_llama_cpp_with_its_sliding_window(gemma3, fmt):
     assert resolve_backend(str(gemma3[fmt]), "auto", "cpu") == "native"
     native = load_native(gemma3[fmt], max_positions=64)
     # the C layers where activations are float32 (auto runs an F32 file in bf16 where the CPU has bf16 units)
-    assert (native.layer_pointers is not None) == (native.compute_dtype == torch.float32)
+    assert (native.c_layers is not None) == (native.compute_dtype == torch.float32)
     assert native.windows == [8, 8, 8, 8, 8, 0]
     oracle = load_model(str(gemma3[fmt]), backend="llama.cpp", n_ctx=64)
     tokens = torch.randint(0, 49152, (40,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -407,7 +405,7 @@ def test_gemma3_270m_matches_llama_cpp_past_its_window_and_speculates_losslessly
 
     path = gemma3_270m()
     native = load_native(path, max_positions=1024)
-    assert native.layer_pointers is not None and native.windows == [512] * 5 + [0] + [512] * 5 + [0] + [512] * 5 + [0]
+    assert native.c_layers is not None and native.windows == [512] * 5 + [0] + [512] * 5 + [0] + [512] * 5 + [0]
     oracle = load_model(str(path), backend="llama.cpp", n_ctx=1024)
     text = (Path(__file__).parents[1] / "README.md").read_text()
     tokens = native.tokenizer(text)["input_ids"][:600]

@@ -186,7 +186,7 @@ def test_a_forward_over_k_tokens_equals_k_single_steps_bit_for_bit(any_native, c
 @pytest.mark.slow
 def test_the_decode_layers_in_one_c_call_equal_the_per_operation_loop_bit_for_bit(any_native):
     native = any_native
-    fused = native.layer_pointers
+    fused = native.c_layers
     # every float32 model on the C kernels: its products are 4-bit, 8-bit or float32 ones decode_layers runs
     assert (fused is not None) == (native.compute_dtype == torch.float32 and native.kernels.plan.path != "torch")
     if fused is None:
@@ -194,12 +194,12 @@ def test_the_decode_layers_in_one_c_call_equal_the_per_operation_loop_bit_for_bi
     prefix, tokens = torch.tensor([list(range(2000, 2040))]), torch.tensor([[7, 70, 700, 7000]])
     results = []
     for pointers in (fused, None):
-        native.layer_pointers, cache = pointers, native.new_cache()
+        native.c_layers, cache = pointers, native.new_cache()
         try:
             native.forward(prefix, cache, num_logits=1)
             results.append((native.forward(tokens, cache), cache.k[:, :, :44].clone(), cache.v[:, :, :44].clone()))
         finally:
-            native.layer_pointers = fused
+            native.c_layers = fused
     assert all(torch.equal(a, b) for a, b in zip(*results))
 
 

@@ -80,7 +80,7 @@ def _distill_eagle(args: argparse.Namespace, out: str) -> int:
         raise ValueError("distill --eagle runs the target on the native backend; use --backend native (or auto)")
     use_kernels(args.kernels)
     target = load_model(args.target, "native", args.dtype, args.device, args.threads, choose_by_speed=False)
-    if not isinstance(target, NativeLlama) or target.layer_pointers is None:
+    if not isinstance(target, NativeLlama) or target.c_layers is None:
         raise ValueError(f"distill --eagle needs the native C kernels with float32 activations for {target.name} "
                          "(--dtype auto or w4a8)")
     distill_eagle(target, out, args.corpus or out.rstrip("/") + ".features.npz", args.data_minutes * 60,

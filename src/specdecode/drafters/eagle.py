@@ -62,7 +62,7 @@ class FeatureDraft(NativeLlama):
         if head_tokens is not None and head_tokens < 1:
             raise ValueError(f"a feature draft's head needs at least one token, not {head_tokens}")
         c = net.config
-        if not isinstance(target, NativeLlama) or target.layer_pointers is None:
+        if not isinstance(target, NativeLlama) or target.c_layers is None:
             raise ValueError("a feature draft runs on the native backend's C kernels with float32 activations "
                              f"(--backend native, --dtype w4a8 or float32); {target!r} has none")
         check_fits(net, target, "this feature draft", net.kept_ids[:head_tokens])
@@ -107,8 +107,8 @@ class FeatureDraft(NativeLlama):
         self.kept_index[self.kept_ids] = torch.arange(len(self.kept_ids))
         self.vocab_size = len(self.kept_ids)
         self.cos, self.sin, self.cos_swa, self.sin_swa = target.cos, target.sin, None, None
-        self.layer_pointers = self._layer_pointers()
-        if self.layer_pointers is None:
+        self.c_layers = self._c_layers()
+        if self.c_layers is None:
             raise ValueError("the C kernels do not run this feature draft's layer")
         self.row_invariant_prompts, self.prefill_products, self.owns_cores = True, None, False
 

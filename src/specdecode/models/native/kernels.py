@@ -21,12 +21,13 @@ where the plan has no C library: exact too, only slower.
 
 from __future__ import annotations
 
+import ctypes
 from typing import NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from .plan import KernelPlan, kernel_plan
+from .plan import DecodeModel, KernelPlan, kernel_plan
 
 LANES, MAX_HEAD_DIM = 16, 256  # as in csrc/kernels.h
 
@@ -52,6 +53,8 @@ class TorchKernels:
     PyTorch ops. `scale`: the attention's query-key scale (default head_dim ** -0.5)."""
 
     q4 = q4f = q4q8 = False  # no 4-bit products of its own (PyTorch's int4 kernel serves)
+    products: dict[str, int] = {}  # no decode_layers (CKernels: its product ids by kind, and its layer slots)
+    slots: list[str] = []
 
     def __init__(self, heads: int, kv_heads: int, head_dim: int, plan: KernelPlan | None = None,
                  scale: float | None = None) -> None:
@@ -126,6 +129,10 @@ class CKernels(TorchKernels):
         self._f32_matmul, self._decode_layers = lib.f32_matmul, lib.decode_layers
         self._q4kq8_matmul, self._q5kq8_matmul, self._q5q8_matmul = lib.q4kq8_matmul, lib.q5kq8_matmul, lib.q5q8_matmul
         self._q6q8_matmul = lib.q6q8_matmul
+        # decode_layers' product ids by the Python products' `kind`, and its layer slots, from the
+        # library itself (csrc/kernels.h's PRODUCT_KINDS and LAYER_SLOTS)
+        self.products = {name: i for i, name in enumerate(lib.product_kinds().decode().split(","))}
+        self.slots = lib.layer_slots().decode().split(",")
         self.dtype = dtype
         # 4-bit products: bf16 activations through AVX512-BF16's dot product (q4), float32 ones on any build (q4f)
         self.q4 = dtype == torch.bfloat16 and bool(lib.q4_available())
@@ -246,17 +253,28 @@ class CKernels(TorchKernels):
         self._f32_matmul(x.data_ptr(), w.data_ptr(), y.data_ptr(), T, K, blocks * 16, self.threads)
         return y
 
-    def decode_layers(self, x: torch.Tensor, weights: torch.Tensor, kinds: torch.Tensor, segments: Sequence[Segment],
-                      cos: torch.Tensor, sin: torch.Tensor, hidden: int, eps: float,
-                      windows: torch.Tensor | None = None, cos_swa: torch.Tensor | None = None,
-                      sin_swa: torch.Tensor | None = None, gelu: bool = False) -> torch.Tensor:
+    def decode_model(self, weights: torch.Tensor, kinds: torch.Tensor, windows: torch.Tensor | None, dim: int,
+                     hidden: int, eps: float, gelu: bool) -> DecodeModel:
+        """A model's layers as `decode_layers` takes them: weights [layers, LAYER_POINTERS] int64, the
+        addresses `self.slots` names (tensors the caller keeps); kinds [layers, 4] int32, the ids
+        `self.products` gives the q|k|v, o, gate|up and down products; windows [layers] int32 each
+        layer's sliding window (0: none; None: no layer has one); gelu: the MLP's activation is
+        gelu_mul's, else silu_mul's."""
+        layers = weights.shape[0]
+        assert weights.dtype == torch.int64 and weights.shape == (layers, len(self.slots)) and weights.is_contiguous()
+        assert kinds.dtype == torch.int32 and kinds.shape == (layers, 4) and kinds.is_contiguous()
+        assert windows is None or (windows.dtype == torch.int32 and windows.shape == (layers,))
+        return DecodeModel.of(weights, kinds, windows, layers, dim, self.heads, self.kv_heads, self.head_dim, hidden,
+                              int(gelu), eps, self.scale)
+
+    def decode_layers(self, x: torch.Tensor, model: DecodeModel, segments: Sequence[Segment], cos: torch.Tensor,
+                      sin: torch.Tensor, cos_swa: torch.Tensor | None = None,
+                      sin_swa: torch.Tensor | None = None) -> torch.Tensor:
         """Every layer of a decode forward in one call (float32 residual stream; each product of its
-        kind, `PRODUCTS`): x [T, D] float32, the rows of `segments` in turn (one request each, with
-        its own cache; one segment for a single forward), updated in place and returned; weights
-        [layers, 15] int64, the pointers the C kernels' decode_layers names; kinds [layers, 4] int32;
-        cos/sin [T, hd] of the rows' positions. `windows` [layers] int32: each layer's sliding window
-        (0: none), whose layers take RoPE from cos_swa/sin_swa [T, hd]; `gelu`: the MLP's activation
-        is gelu_mul's, else silu_mul's. The products run once over all T rows, RoPE and the cache
+        kind): x [T, D] float32, the rows of `segments` in turn (one request each, with its own cache;
+        one segment for a single forward), updated in place and returned; `model` the layers
+        (`decode_model`); cos/sin [T, hd] of the rows' positions, cos_swa/sin_swa [T, hd] for the
+        layers with a sliding window. The products run once over all T rows, RoPE and the cache
         writes and the attention per segment over its own cache."""
         T, D = x.shape
         if sum(s.rows for s in segments) != T:
@@ -265,25 +283,17 @@ class CKernels(TorchKernels):
                                _pointer(s.parents) or 0] for s in segments], dtype=torch.int64)
         for s in segments:
             assert s.k.dtype == s.v.dtype == torch.float32 and s.k.is_contiguous() and s.v.is_contiguous()
-            assert s.k.shape == s.v.shape and s.first + s.rows <= s.k.shape[2]
-        assert kinds.dtype == torch.int32 and kinds.shape == (weights.shape[0], 4)
+            assert s.k.shape == s.v.shape and s.first + s.rows <= s.k.shape[2] and s.k.shape[0] == model.layers
+        assert D == model.dim
         cos, sin = cos.contiguous(), sin.contiguous()
-        if windows is not None:
-            assert windows.dtype == torch.int32 and windows.shape == (weights.shape[0],)
+        if model.windows:
             cos_swa, sin_swa = cos_swa.contiguous(), sin_swa.contiguous()
             assert cos_swa.shape == sin_swa.shape == cos.shape
-        if self._decode_layers(x.data_ptr(), T, weights.data_ptr(), kinds.data_ptr(),
-                               None if windows is None else windows.data_ptr(), weights.shape[0],
-                               table.data_ptr(), len(segments), cos.data_ptr(), sin.data_ptr(),
-                               None if windows is None else cos_swa.data_ptr(),
-                               None if windows is None else sin_swa.data_ptr(), D, self.heads, self.kv_heads,
-                               self.head_dim, hidden, int(gelu), eps, self.scale, self.threads):
+        if self._decode_layers(ctypes.byref(model), x.data_ptr(), T, table.data_ptr(), len(segments), cos.data_ptr(),
+                               sin.data_ptr(), cos_swa.data_ptr() if model.windows else None,
+                               sin_swa.data_ptr() if model.windows else None, self.threads):
             raise MemoryError("decode layers: no memory for the activations")
         return x
-
-
-# decode_layers' product kinds (csrc/kernels.h's PRODUCT_ enum), by the Python products' `kind`
-PRODUCTS = {"q4f": 0, "q4q8": 1, "q4kq8": 2, "q8": 3, "q8q8": 4, "f32": 5, "q6q8": 6, "stacked": 7, "q5kq8": 8, "q5q8": 9}
 
 
 class Segment(NamedTuple):

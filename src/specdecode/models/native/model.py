@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from ..base import ForwardCall, Vocabulary, eos_ids
 from .cache import NativeCache
 from . import threads
-from .kernels import PRODUCTS, CKernels, Segment, make_kernels
+from .kernels import CKernels, DecodeModel, Segment, make_kernels
 from .linear import F32Linear, Int4Linear, Linear, Q8Linear, StackedLinear, bf16_supported, dense
 from .plan import cpu_flags, kernel_plan
 from .source import (DirectorySource, Embedding, GGUFSource, Groups4, Groups8, GroupsK, Stacked, Weight, as_float,
@@ -131,13 +131,13 @@ class NativeLlama:
         self.cos, self.sin = self._rope_table(hyper.theta, hyper.rope_scale, hyper.rope_factors)
         # the sliding layers' own RoPE base (Gemma 3), unscaled
         self.cos_swa, self.sin_swa = self._rope_table(hyper.theta_swa) if any(self.windows) else (None, None)
-        self.layer_pointers = self._layer_pointers()
+        self.c_layers = self._c_layers()
         # Where the 4-bit x 8-bit products have vector integer dot products, a prompt's rows go through
         # the decode path as well (each row alone), which those dot products make no slower than the
         # bf16 copies. Rows computed alone do not depend on what shares the call, so a batch may
         # prefill prompts beside other requests' decode rows, in pieces of any size. Not with AMX
         # tiles, whose bf16 products serve a prompt faster, nor where the dot products are plain C.
-        self.row_invariant_prompts = (self.layer_pointers is not None and self.dtype == "w4a8"
+        self.row_invariant_prompts = (self.c_layers is not None and self.dtype == "w4a8"
                                       and getattr(self.kernels, "q4q8_vector", False) and "amx_tile" not in cpu_flags())
         # A prefill is compute-bound (each weight serves every prompt row), which oneDNN's bf16 product
         # serves better than the int4 kernels, so otherwise the prompt goes through bf16 copies where the
@@ -157,7 +157,7 @@ class NativeLlama:
         # Where the C kernels run every decode layer and the head, PyTorch keeps to one thread (module
         # `threads`: its idle workers would spin on the kernels' cores); a forward through PyTorch's
         # products borrows them back.
-        self.owns_cores = self.layer_pointers is not None and not isinstance(self.head, Linear)
+        self.owns_cores = self.c_layers is not None and not isinstance(self.head, Linear)
         if self.owns_cores:
             threads.hand_to_kernels()
 
@@ -191,32 +191,33 @@ class NativeLlama:
             return "w4a8" if lib is not None and lib.q4q8_vector() else "int4"
         return dtype if dtype in NativeLlama.QUANTISED else None
 
-    def _layer_pointers(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The layers' weights as the C kernels' decode_layers takes them: ([layers, 15] int64
-        addresses of tensors this model holds, [layers, 4] int32 product kinds), where every product
-        is one the C layers run (`kernels.PRODUCTS`) with float32 activations; else None."""
+    def _c_layers(self) -> DecodeModel | None:
+        """The layers as the C kernels' decode_layers takes them (`CKernels.decode_model`: the
+        addresses of tensors this model holds, by the library's layer slots, and its product ids),
+        where every product is one the C layers run with float32 activations; else None."""
         if not isinstance(self.kernels, CKernels) or self.compute_dtype != torch.float32:
             return None
-        pointers, kinds = [], []
+        products, pointers, kinds = self.kernels.products, [], []
         for b in self.blocks:
-            linears = [b[n] for n in PRODUCT_NAMES]
-            layer = [b["attn_norm"].data_ptr(), b["mlp_norm"].data_ptr()] + [
-                0 if b[n] is None else b[n].data_ptr()
-                for n in ("qkv_bias", "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm")]
-            for m in linears:
-                if isinstance(m, Int4Linear) and m.kind in PRODUCTS:
-                    layer += [m.packed.data_ptr(), m.coef.data_ptr()]
+            slot = {n: b[n].data_ptr() for n in ("attn_norm", "mlp_norm")}
+            slot |= {n: 0 if b[n] is None else b[n].data_ptr()
+                     for n in ("qkv_bias", "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm")}
+            for n in PRODUCT_NAMES:
+                m = b[n]
+                if isinstance(m, Int4Linear) and m.kind in products:
+                    slot[n], slot[n + "_coef"] = m.packed.data_ptr(), m.coef.data_ptr()
                 elif isinstance(m, Q8Linear):
-                    layer += [m.q.data_ptr(), m.scales.data_ptr()]
-                elif isinstance(m, F32Linear):
-                    layer += [m.w.data_ptr(), 0]
-                elif isinstance(m, StackedLinear):
-                    layer += [m.descriptor.data_ptr(), 0]
+                    slot[n], slot[n + "_coef"] = m.q.data_ptr(), m.scales.data_ptr()
+                elif isinstance(m, (F32Linear, StackedLinear)):
+                    slot[n], slot[n + "_coef"] = (m.w if isinstance(m, F32Linear) else m.descriptor).data_ptr(), 0
                 else:
                     return None
-                kinds.append(PRODUCTS["f32" if isinstance(m, F32Linear) else m.kind])
-            pointers.append(layer)
-        return torch.tensor(pointers, dtype=torch.int64), torch.tensor(kinds, dtype=torch.int32).view(-1, 4)
+                kinds.append(products["f32" if isinstance(m, F32Linear) else m.kind])
+            pointers.append([slot[n] for n in self.kernels.slots])
+        windows = torch.tensor(self.windows, dtype=torch.int32) if any(self.windows) else None
+        return self.kernels.decode_model(torch.tensor(pointers, dtype=torch.int64),
+                                         torch.tensor(kinds, dtype=torch.int32).view(-1, 4), windows, self.dim,
+                                         self.blocks[0]["gate_up"].out_features // 2, self.eps, self.gelu)
 
     @staticmethod
     def _block_products(source, i: int) -> dict[str, Weight]:
@@ -233,7 +234,8 @@ class NativeLlama:
         int8 = dtype == "w4a8"
         if isinstance(weight, Stacked):  # each part on its own groups, or the whole as float
             parts = [self._group_product(p, dtype) for p in weight.parts]
-            return (StackedLinear(parts, PRODUCTS) if int8 and all(p is not None and p.kind in PRODUCTS for p in parts)
+            products = self.kernels.products
+            return (StackedLinear(parts, products) if int8 and all(p is not None and p.kind in products for p in parts)
                     else None)
         if isinstance(weight, Groups8):
             return Q8Linear.from_groups(weight, self.kernels, int8_activations=int8) if head or int8 else None
@@ -412,17 +414,13 @@ class NativeLlama:
         if any(not 0 < n < len(self.blocks) for n in taps):
             raise ValueError(f"a cache asks for the features after layers {taps}; {self.name} has {len(self.blocks)}")
         tapped: dict[int, torch.Tensor] = {}
-        if not prefill and self.layer_pointers is not None:  # the loop below in one C call (one per tap)
-            hidden = self.blocks[0]["gate_up"].out_features // 2
-            weights, kinds = self.layer_pointers
-            windows = torch.tensor(self.windows, dtype=torch.int32) if any(self.windows) else None
+        if not prefill and self.c_layers is not None:  # the loop below in one C call (one per tap)
             bounds = [0, *taps, len(self.blocks)]
             for a, b in zip(bounds, bounds[1:]):
+                layers = self.c_layers if (a, b) == (0, len(self.blocks)) else self.c_layers.layers_between(a, b)
                 x = self.kernels.decode_layers(
-                    x, weights[a:b], kinds[a:b], [Segment(s.rows, s.cache.k[a:b], s.cache.v[a:b], s.cache.length,
-                                                          s.parents) for s in segments],
-                    rope[0], rope[1], hidden, self.eps, None if windows is None else windows[a:b], rope[2], rope[3],
-                    self.gelu)
+                    x, layers, [Segment(s.rows, s.cache.k[a:b], s.cache.v[a:b], s.cache.length, s.parents)
+                                for s in segments], *rope)
                 if b in taps:
                     tapped[b] = x.clone()
         else:

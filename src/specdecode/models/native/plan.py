@@ -168,6 +168,28 @@ def _expected_isa(path: str) -> tuple[str, ...]:
             "portable": ("portable", "aarch64")}[path]
 
 
+class DecodeModel(ctypes.Structure):
+    """csrc/kernels.h's decode_model_t: a model's layers (or a run of them) and its shapes, as
+    decode_layers reads them; the tensors its pointers address stay alive in `tensors`."""
+
+    _fields_ = [("weights", ctypes.c_void_p), ("kinds", ctypes.c_void_p), ("windows", ctypes.c_void_p),
+                *((name, ctypes.c_int32) for name in ("layers", "dim", "heads", "kv_heads", "head_dim", "hidden",
+                                                      "gelu")),
+                ("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+
+    @classmethod
+    def of(cls, weights: torch.Tensor, kinds: torch.Tensor, windows: torch.Tensor | None, *shapes) -> DecodeModel:
+        model = cls(weights.data_ptr(), kinds.data_ptr(), None if windows is None else windows.data_ptr(), *shapes)
+        model.tensors = (weights, kinds, windows)
+        return model
+
+    def layers_between(self, a: int, b: int) -> DecodeModel:
+        """Layers a..b-1 alone (the cache given to decode_layers then holds those layers)."""
+        weights, kinds, windows = self.tensors
+        return DecodeModel.of(weights[a:b], kinds[a:b], None if windows is None else windows[a:b], b - a,
+                              *(getattr(self, name) for name, _ in self._fields_[4:]))
+
+
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Argument types of the C kernels' functions: csrc/kernels.h is the source of truth for them."""
     p, i32 = ctypes.c_void_p, ctypes.c_int
@@ -189,8 +211,14 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, [p] * 4 + [i32] * 4
     for name in ("q4_available", "q4q8_vector", "kernels_pool_workers"):
         getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, []
+    for name in ("product_kinds", "layer_slots"):
+        getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_char_p, []
+    lib.decode_model_bytes.restype, lib.decode_model_bytes.argtypes = ctypes.c_int, []
     lib.decode_layers.restype = ctypes.c_int
-    lib.decode_layers.argtypes = [p, i32, p, p, p, i32, p, i32] + [p] * 4 + [i32] * 6 + [ctypes.c_float] * 2 + [i32]
+    lib.decode_layers.argtypes = [p, p, i32, p, i32] + [p] * 4 + [i32]
+    if lib.decode_model_bytes() != ctypes.sizeof(DecodeModel):
+        raise BuildError(f"the kernels' decode_model_t is {lib.decode_model_bytes()} bytes and kernels.DecodeModel "
+                         f"{ctypes.sizeof(DecodeModel)}: csrc/kernels.h and kernels.py disagree")
     return lib
 
 

@@ -113,23 +113,50 @@ int q6q8_matmul(const float *x, const uint8_t *q, const float *scales, float *y,
 
 /* ---- a decode forward (layers.c) --------------------------------------------------------------- */
 
-/* The products decode_layers runs, by kind: the entry points above */
-/* PRODUCT_STACKED: products of other kinds side by side over the same input (a Q4_K q|k beside a Q6_K
- * v), its q an int64 table [1 + 4 parts]: the count, then each part's kind, q, coef and outputs, whose
- * columns of y are its own in turn (coef unused) */
-enum { PRODUCT_Q4F, PRODUCT_Q4Q8, PRODUCT_Q4KQ8, PRODUCT_Q8, PRODUCT_Q8Q8, PRODUCT_F32, PRODUCT_Q6Q8, PRODUCT_STACKED,
-       PRODUCT_Q5KQ8, PRODUCT_Q5Q8 };
+/* The products decode_layers runs, by kind: the entry points above, one X(ID, name) each. The ids are
+ * the order here; product_kinds() lists the names in that order, and the ctypes side (kernels.py)
+ * takes every id from it, by name. PRODUCT_STACKED: products of other kinds side by side over the
+ * same input (a Q4_K q|k beside a Q6_K v), its q an int64 table [1 + 4 parts]: the count, then each
+ * part's kind, q, coef and outputs, whose columns of y are its own in turn (coef unused). */
+#define PRODUCT_KINDS(X) \
+    X(Q4F, q4f) X(Q4Q8, q4q8) X(Q4KQ8, q4kq8) X(Q8, q8) X(Q8Q8, q8q8) X(F32, f32) X(Q6Q8, q6q8) X(STACKED, stacked) \
+    X(Q5KQ8, q5kq8) X(Q5Q8, q5q8)
+#define PRODUCT_ID(id, name) PRODUCT_##id,
+enum { PRODUCT_KINDS(PRODUCT_ID) PRODUCT_KIND_COUNT };
 
-/* Every layer of a decode forward: x [rows, dim] float32 updated in place; weights [layers][15]
- * pointers (norms, the q|k|v bias, the q and k norms and the post-attention and post-MLP norms or
- * NULL, then each product's q and coef: the enums in layers.c), kinds [layers][4] the PRODUCT_ of
- * q|k|v, o, gate|up and down; windows [layers] each layer's sliding window (0: none; NULL: no layer
- * has one); segments [count][6] int64 (layers.c); cos, sin [rows, head_dim] of the rows' positions
- * for the layers without a window, cos_swa, sin_swa for those with one; gelu: the MLP's activation
- * is gelu_mul's (else silu_mul's). Returns nonzero when out of memory (or given an unknown kind). */
-int decode_layers(float *x, int rows, const void *const *weights, const int32_t *kinds, const int32_t *windows,
-                  int layers, const int64_t *segments, int count, const float *cos, const float *sin,
-                  const float *cos_swa, const float *sin_swa, int dim, int heads, int kv_heads, int head_dim,
-                  int hidden, int gelu, float eps, float scale, int threads);
+/* A layer's weights: LAYER_SLOTS pointers in this order, NULL where the architecture has none (Qwen2's
+ * q|k|v bias, Qwen3's and Gemma 3's q and k norms, Gemma 3's norms of the attention's and the MLP's
+ * outputs before each residual add), then each product's q and coef (coef NULL for f32 and stacked);
+ * layer_slots() lists the names in this order for the ctypes side. */
+#define LAYER_SLOTS(X) \
+    X(ATTN_NORM, attn_norm) X(MLP_NORM, mlp_norm) X(QKV_BIAS, qkv_bias) X(Q_NORM, q_norm) X(K_NORM, k_norm) \
+    X(POST_ATTN_NORM, post_attn_norm) X(POST_MLP_NORM, post_mlp_norm) X(QKV, qkv) X(QKV_COEF, qkv_coef) X(O, o) \
+    X(O_COEF, o_coef) X(GATE_UP, gate_up) X(GATE_UP_COEF, gate_up_coef) X(DOWN, down) X(DOWN_COEF, down_coef)
+#define LAYER_SLOT(id, name) id,
+enum { LAYER_SLOTS(LAYER_SLOT) LAYER_POINTERS };
+
+/* "q4f,q4q8,...": PRODUCT_KINDS' names in id order; "attn_norm,...": LAYER_SLOTS' in slot order */
+const char *product_kinds(void);
+const char *layer_slots(void);
+
+/* What decode_layers computes with: a model's layers (or a run of them) and its shapes. weights
+ * [layers][LAYER_POINTERS]; kinds [layers][4] the PRODUCT_ of q|k|v, o, gate|up and down; windows
+ * [layers] each layer's sliding window (0: none; NULL: no layer has one); gelu: the MLP's activation
+ * is gelu_mul's (else silu_mul's); scale: the attention's query-key scale. The ctypes side mirrors
+ * this struct (kernels.DecodeModel) and checks its size against decode_model_bytes() at load. */
+typedef struct {
+    const void *const *weights;
+    const int32_t *kinds;
+    const int32_t *windows;
+    int32_t layers, dim, heads, kv_heads, head_dim, hidden, gelu;
+    float eps, scale;
+} decode_model_t;
+int decode_model_bytes(void);
+
+/* Every layer of a decode forward: x [rows, dim] float32 updated in place; segments [count][6] int64
+ * (layers.c); cos, sin [rows, head_dim] of the rows' positions for the layers without a window,
+ * cos_swa, sin_swa for those with one. Returns nonzero when out of memory (or given an unknown kind). */
+int decode_layers(const decode_model_t *model, float *x, int rows, const int64_t *segments, int count,
+                  const float *cos, const float *sin, const float *cos_swa, const float *sin_swa, int threads);
 
 #endif

@@ -13,16 +13,9 @@
  * once for all the requests); RoPE with the cache writes per segment, and the attention of each
  * segment's rows over its own cache (one parallel loop over every segment's (head, row) items, each
  * computed exactly as attend_f32 computes it). x [rows, dim] float32, the residual stream, the
- * segments' rows in turn, updated in place; weights: LAYER_POINTERS per layer (the enum below);
+ * segments' rows in turn, updated in place; the model's weights LAYER_POINTERS a layer (kernels.h);
  * cos, sin [rows, head_dim] of the rows' positions (cos_swa, sin_swa for the layers with a sliding
  * window, windows[l] > 0: Gemma 3's, with RoPE of their own base). */
-enum {
-    ATTN_NORM, MLP_NORM,
-    /* NULL where the architecture has none: Qwen2's q|k|v bias, Qwen3's and Gemma 3's q and k norms,
-     * Gemma 3's norms of the attention's and the MLP's outputs (before each residual add) */
-    QKV_BIAS, Q_NORM, K_NORM, POST_ATTN_NORM, POST_MLP_NORM,
-    QKV, QKV_COEF, O, O_COEF, GATE_UP, GATE_UP_COEF, DOWN, DOWN_COEF, LAYER_POINTERS
-};
 enum { SEG_ROWS, SEG_K, SEG_V, SEG_POSITIONS, SEG_FIRST, SEG_PARENTS, SEGMENT_FIELDS };
 
 typedef struct {
@@ -43,6 +36,12 @@ static void attend_segments_item(void *ctx, int item) {
 }
 
 static int stacked(const float *x, const int64_t *table, float *y, int rows, int in, int out, int threads);
+
+#define KIND_NAME(id, name) "," #name
+#define SLOT_NAME(id, name) "," #name
+const char *product_kinds(void) { return PRODUCT_KINDS(KIND_NAME) + 1; }
+const char *layer_slots(void) { return LAYER_SLOTS(SLOT_NAME) + 1; }
+int decode_model_bytes(void) { return (int)sizeof(decode_model_t); }
 
 /* y = x W^T for a product of `kind` (weights q and coef in its layout); nonzero when out of memory
  * or for an unknown kind */
@@ -82,10 +81,13 @@ static int stacked(const float *x, const int64_t *table, float *y, int rows, int
     return at != out;
 }
 
-int decode_layers(float *x, int rows, const void *const *weights, const int32_t *kinds, const int32_t *windows,
-                  int layers, const int64_t *segments, int count, const float *cos, const float *sin,
-                  const float *cos_swa, const float *sin_swa, int dim, int heads, int kv_heads, int head_dim,
-                  int hidden, int gelu, float eps, float scale, int threads) {
+int decode_layers(const decode_model_t *model, float *x, int rows, const int64_t *segments, int count,
+                  const float *cos, const float *sin, const float *cos_swa, const float *sin_swa, int threads) {
+    const void *const *weights = model->weights;
+    const int32_t *kinds = model->kinds, *windows = model->windows;
+    const int layers = model->layers, dim = model->dim, heads = model->heads, kv_heads = model->kv_heads,
+              head_dim = model->head_dim, hidden = model->hidden, gelu = model->gelu;
+    const float eps = model->eps, scale = model->scale;
     const int width = (heads + 2 * kv_heads) * head_dim, attn_width = heads * head_dim;
     const long n = rows;
     float *h = malloc(sizeof(float) * n * (dim + width + 2 * attn_width + 3 * hidden + dim));
