@@ -404,3 +404,38 @@ def test_clang_builds_every_path_with_the_same_integer_products(lib):
     theirs, ours = (Int4Linear.quantize(weight, torch.float32, CKernels(b, H, HKV, HD, torch.float32, threads=2),
                                         int8_activations=True) for b in (built, lib))
     assert torch.equal(theirs(x), ours(x)) and torch.equal(theirs(x[2:3]), ours(x)[2:3])
+
+
+def test_the_format_table_and_the_layer_slots_name_what_the_library_runs(lib):
+    """The product ids and layer slots the Python side uses come from the library (kernels.h's
+    PRODUCT_KINDS and LAYER_SLOTS); every product a format's groups run on is one of them, and the
+    ctypes struct has the C struct's size (checked at load, `plan._bind`)."""
+    import ctypes
+
+    from specdecode.models.native.linear import StackedLinear
+    from specdecode.models.native.plan import DecodeModel
+    from specdecode.models.native.source import FORMATS
+
+    kernels = CKernels(lib, H, HKV, HD, torch.float32)
+    assert sorted(kernels.products.values()) == list(range(len(kernels.products)))  # ids 0.. in the enum's order
+    assert {p for fmt in FORMATS.values() for p in fmt.products} | {"f32", StackedLinear.kind} <= set(kernels.products)
+    assert kernels.slots[:2] == ["attn_norm", "mlp_norm"] and len(kernels.slots) == len(set(kernels.slots)) == 15
+    assert lib.decode_model_bytes() == ctypes.sizeof(DecodeModel)
+
+
+def test_each_format_reads_the_values_gguf_dequantises(tmp_path):
+    """Every block type of the table reads as its groups hold exactly what the `gguf` package
+    dequantises from the same bytes."""
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import dequantize, quantize
+
+    from specdecode.models.native.source import FORMATS, as_float
+
+    weights = torch.randn(16, 512, generator=torch.Generator().manual_seed(3)).numpy()
+    for name, fmt in FORMATS.items():
+        try:
+            data = quantize(weights, T[name])
+        except NotImplementedError:  # gguf-py has no quantiser for this type: llama.cpp-made files cover it
+            continue
+        read = as_float(fmt.read(data.reshape(16, -1, fmt.block_bytes))).float()
+        assert torch.equal(read, torch.from_numpy(dequantize(data, T[name])).float()), name

@@ -173,7 +173,23 @@ def test_create_app_only_wires_the_routes_defined_at_module_level():
     assert not asynchronous and not decorated, (asynchronous, decorated)
     routes = [node for node in ast.walk(create_app) if isinstance(node, ast.Call)
               and isinstance(node.func, ast.Attribute) and node.func.attr == "add_api_route"]
-    assert len(routes) == 9
+    assert len(routes) == 11
     # each endpoint is a module's function: routes.<module>.<name>
     assert all(isinstance(call.args[1], ast.Attribute) and isinstance(call.args[1].value, ast.Name)
                for call in routes), [ast.unparse(call.args[1]) for call in routes]
+
+
+def test_an_architecture_is_declared_in_its_own_module_only():
+    """The native loader, model, strict reading and C layers name no architecture: what each adds to
+    a Llama is declared in `models/native/arch/<name>.py` and reaches them as data (a `Hyper`, a
+    layer's optional tensors)."""
+    from specdecode.models.native.arch import ARCHITECTURES
+
+    native = ROOT / "models" / "native"
+    files = [*native.glob("*.py"), *(native / "csrc").glob("*.[ch]")]
+    for path in files:
+        strings = ([n.value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant)
+                    and isinstance(n.value, str)] if path.suffix == ".py" else [path.read_text()])
+        named = [a for a in ARCHITECTURES for text in strings if f'"{a}"' in text or text == a]
+        assert not named, f"{path.name} names the architecture {named[0]!r}"
+    assert all((native / "arch" / f"{name}.py").exists() for name in ARCHITECTURES)

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from specdecode.bench.random_model import llama3_factors, write_llama
-from specdecode.models.native.reading import LAYERS, refusal
+from specdecode.models.native.arch import ARCHITECTURES
+from specdecode.models.native.reading import refusal
 from specdecode.models.gguf import GGUFHeader
 from specdecode.models.native.source import NativeRefusal
 
@@ -29,10 +30,10 @@ def _fields_and_tensors(path):
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
     root = tmp_path_factory.mktemp("reading")
-    return {arch: write_llama(root / f"{arch}.gguf", architecture=arch) for arch in LAYERS}
+    return {arch: write_llama(root / f"{arch}.gguf", architecture=arch) for arch in ARCHITECTURES}
 
 
-@pytest.mark.parametrize("arch", list(LAYERS))
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
 def test_the_files_the_native_path_computes_are_read_without_a_refusal(plain, arch):
     fields, tensors = _fields_and_tensors(plain[arch])
     assert refusal(arch, fields, tensors) is None
@@ -69,7 +70,7 @@ CASES = {f"{arch}-{piece}": (arch, *rest) for piece, (archs, *rest) in PIECES.it
 
 
 def test_the_matrix_covers_every_piece_for_every_architecture_its_loader_takes_it_for():
-    assert len(CASES) == 4 * 4 + 6 and set(LAYERS) == set(ALL)
+    assert len(CASES) == 4 * 4 + 6 and set(ARCHITECTURES) == set(ALL)
     for arch, piece in COMPUTED:
         assert f"{arch}-{piece}" in CASES
 
@@ -106,14 +107,14 @@ def test_a_layer_with_some_of_its_q_k_v_biases_is_refused():
     """The native layers add q|k|v's bias as one; a file with q's alone is not what they compute."""
     fields = {"qwen2.block_count": 1}
     names = ["token_embd.weight", "output_norm.weight", "blk.0.attn_q.bias",
-             *(f"blk.0.{n}" for n in LAYERS["qwen2"][0])]
+             *(f"blk.0.{n}" for n in ARCHITECTURES["qwen2"].layer_tensors)]
     assert "attn_q.bias" in refusal("qwen2", fields, names)
     names += ["blk.0.attn_k.bias", "blk.0.attn_v.bias"]
     assert refusal("qwen2", fields, names) is None
 
 
 def test_a_missing_tensor_a_layer_past_the_count_and_a_per_layer_size_are_refused():
-    required = sorted(LAYERS["llama"][0])
+    required = sorted(ARCHITECTURES["llama"].layer_tensors)
     names = ["token_embd.weight", "output_norm.weight", *(f"blk.0.{n}" for n in required)]
     fields = {"llama.block_count": 1}
     assert refusal("llama", fields, names) is None
@@ -124,7 +125,7 @@ def test_a_missing_tensor_a_layer_past_the_count_and_a_per_layer_size_are_refuse
     assert "'phi3'" in refusal("phi3", {}, names)
     # Llama 3's rope_freqs is a Llama's (llama.cpp's qwen and gemma loaders take none)
     assert refusal("llama", fields, names + ["rope_freqs.weight"]) is None
-    qwen = ["token_embd.weight", "output_norm.weight", *(f"blk.0.{n}" for n in LAYERS["qwen3"][0])]
+    qwen = ["token_embd.weight", "output_norm.weight", *(f"blk.0.{n}" for n in ARCHITECTURES["qwen3"].layer_tensors)]
     assert "'rope_freqs.weight'" in refusal("qwen3", {"qwen3.block_count": 1}, qwen + ["rope_freqs.weight"])
     # a rotary dimension count other than the head size (llama.cpp's own graphs assert it away for these
     # architectures, so no file of it runs there either)

@@ -38,7 +38,10 @@ def auto_backend(path: str | None, device: str | None = None) -> tuple[str, str]
     if is_gguf(path):
         architecture, refused = native_reading(path)
         if architecture is not None and refused is None and on_cpu:
-            return "native", f"--backend auto: a {architecture} GGUF on the CPU"
+            from .native.arch import ARCHITECTURES
+
+            summary = ARCHITECTURES[architecture].summary
+            return "native", f"--backend auto: a {architecture} GGUF on the CPU" + (f" ({summary})" if summary else "")
         if on_cpu and _llamacpp_runs(path):
             why = refused or "the native reader cannot read its header"
             return "llama.cpp", f"--backend auto: llama.cpp, since the native backend refuses it: {why}"

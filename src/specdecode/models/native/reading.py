@@ -19,34 +19,19 @@ from __future__ import annotations
 
 import re
 
-# Tensors of a layer (the name after `blk.N.`) each architecture's native model computes with.
-_LLAMA_LAYER = frozenset(f"{n}.weight" for n in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                                                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"))
-_QK_NORMS = frozenset({"attn_q_norm.weight", "attn_k_norm.weight"})
-_QKV_BIASES = frozenset({"attn_q.bias", "attn_k.bias", "attn_v.bias"})
-LAYERS = {  # architecture -> (required, optional) per-layer tensors
-    # Llama's q and k biases would be permuted by llama.cpp's converter as its weights are (the native
-    # loader undoes the weights' permutation only): none are read, so a Llama file with biases is refused.
-    "llama": (_LLAMA_LAYER, frozenset()),
-    "qwen2": (_LLAMA_LAYER, _QKV_BIASES),  # q, k, v biases: all three or none
-    "qwen3": (_LLAMA_LAYER | _QK_NORMS, frozenset()),
-    "gemma3": (_LLAMA_LAYER | _QK_NORMS | {"post_attention_norm.weight", "post_ffw_norm.weight"}, frozenset()),
-}
-GLOBALS = (frozenset({"token_embd.weight", "output_norm.weight"}), frozenset({"output.weight"}))
-# Tensors outside the layers an architecture's native model computes with where the file has them:
-# Llama 3's RoPE frequency factors (llama.cpp's llama loader takes `rope_freqs` unless the scaling is
-# LongRoPE, which is refused above).
-OPTIONAL_GLOBALS = {"llama": frozenset({"rope_freqs.weight"})}
+from .arch import ARCHITECTURES, QKV_BIASES
 
-# Keys (after `{arch}.`) llama.cpp reads for every architecture, or for the one named, that the native
-# path implements (`GGUFSource` reads them into `Hyper`).
+# Tensors outside the layers every architecture's native model computes with (`output` where untied);
+# each architecture's own layer tensors and optional ones are in its module (`arch`).
+GLOBALS = (frozenset({"token_embd.weight", "output_norm.weight"}), frozenset({"output.weight"}))
+
+# Keys (after `{arch}.`) llama.cpp reads for every architecture that the native path implements
+# (`GGUFSource` reads them into `Hyper`; an architecture's own are its module's `keys`).
 IMPLEMENTED = frozenset({
     "context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
     "attention.head_count_kv", "attention.layer_norm_rms_epsilon", "attention.key_length", "rope.freq_base",
     "rope.scaling.type", "rope.scaling.factor", "rope.scale_linear",
 })
-IMPLEMENTED_BY = {"gemma3": frozenset({"attention.sliding_window", "attention.sliding_window_pattern",
-                                       "rope.freq_base_swa", "final_logit_softcapping"})}
 
 
 def _equal_to(key: str):
@@ -94,14 +79,14 @@ def refusal(architecture: str, fields: dict, tensor_names) -> str | None:
     """Why the native path cannot run a GGUF file of this architecture with these metadata `fields`
     and tensors (one sentence, or None where it computes all of it as llama.cpp does). `fields` holds
     `GGUFHeader.fields` (long arrays as None)."""
-    if architecture not in LAYERS:
-        return f"the native backend runs the {', '.join(LAYERS)} architectures, not {architecture!r}"
+    if architecture not in ARCHITECTURES:
+        return f"the native backend runs the {', '.join(ARCHITECTURES)} architectures, not {architecture!r}"
     why = _key_refusal(architecture, fields)
     return why or _tensor_refusal(architecture, fields, tensor_names)
 
 
 def _key_refusal(arch: str, fields: dict) -> str | None:
-    implemented = IMPLEMENTED | IMPLEMENTED_BY.get(arch, frozenset())
+    implemented = IMPLEMENTED | ARCHITECTURES[arch].keys
     for key, value in fields.items():
         if not key.startswith(arch + "."):
             continue
@@ -123,12 +108,13 @@ def _key_refusal(arch: str, fields: dict) -> str | None:
 
 def _tensor_refusal(arch: str, fields: dict, names) -> str | None:
     layers = fields.get(f"{arch}.block_count")
-    required, optional = LAYERS[arch]
+    architecture = ARCHITECTURES[arch]
+    required, optional = architecture.layer_tensors, architecture.optional_layer_tensors
     found_globals, found_layers = set(), [set() for _ in range(layers if isinstance(layers, int) else 0)]
     for name in names:
         match = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
         if match is None:
-            if name not in GLOBALS[0] | GLOBALS[1] | OPTIONAL_GLOBALS.get(arch, frozenset()):
+            if name not in GLOBALS[0] | GLOBALS[1] | architecture.optional_globals:
                 return f"it has a tensor {name!r} that the native backend does not compute with"
             found_globals.add(name)
             continue
@@ -142,7 +128,7 @@ def _tensor_refusal(arch: str, fields: dict, names) -> str | None:
     for layer, found in enumerate(found_layers):
         if required - found:
             return f"it has no 'blk.{layer}.{sorted(required - found)[0]}' tensor, which a {arch} model needs"
-        if found & _QKV_BIASES and not _QKV_BIASES <= found:
+        if found & QKV_BIASES and not QKV_BIASES <= found:
             return (f"layer {layer} has some of the q, k and v biases but not all three "
-                    f"({', '.join(sorted(found & _QKV_BIASES))}), which the native backend does not compute")
+                    f"({', '.join(sorted(found & QKV_BIASES))}), which the native backend does not compute")
     return None

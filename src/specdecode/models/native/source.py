@@ -5,7 +5,7 @@ no dequantisation on the way, no converted copy on disk).
 Both give the model the same things under llama.cpp's tensor names (`attn_q`, `ffn_down`,
 `token_embd`, ...): a `Hyper` of the architecture's sizes, and each weight as float, 4-bit groups
 (`Groups4`: Q4_0, Q4_1 and Q5_1 blocks; `GroupsK`: Q4_K and Q5_K ones) or 8-bit groups (`Groups8`: Q8_0,
-Q5_0 and Q6_K blocks).
+Q5_0 and Q6_K blocks): one entry of `FORMATS` each, the block types read as they are.
 A GGUF type the kernels have no product for is dequantised by the `gguf` package (exact: the
 file's own values), so every file runs, those tensors as float.
 """
@@ -16,21 +16,19 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, Union
+from typing import Callable, NamedTuple, Union
 
 import numpy as np
 import torch
 
 from ..gguf import GGUFHeader
-from .reading import LAYERS, refusal
+from .arch import ARCHITECTURES as _ARCHITECTURES
+from .reading import refusal
 
 GROUP = 32  # inputs a scale covers in Q4_0, Q4_1 and Q8_0 blocks
 
-# general.architecture values the native model runs: llama (Mistral 7B's files name it too; llama.cpp's
-# converter interleaves its q and k rows for its RoPE, undone here), qwen2 (biases on q, k, v), qwen3
-# (an RMSNorm on each head's q and k before RoPE) and gemma3 (qwen3's norms, norms of the attention's
-# and the MLP's outputs too, sliding-window layers, gelu, scaled embeddings: `Hyper`)
-ARCHITECTURES = tuple(LAYERS)
+# general.architecture values the native model runs, each declared in its module (`arch`)
+ARCHITECTURES = tuple(_ARCHITECTURES)
 
 
 class NativeRefusal(ValueError):
@@ -189,7 +187,7 @@ class DirectorySource:
 
         self.directory = Path(directory)
         config = json.loads((self.directory / "config.json").read_text())
-        if config.get("model_type") != "llama":
+        if config.get("model_type") not in {a.directory_type for a in _ARCHITECTURES.values()} - {None}:
             raise ValueError(f"the native backend runs Llama-family models; this one is "
                              f"{config.get('model_type')!r}: use --backend hf")
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
@@ -258,7 +256,7 @@ class GGUFSource:
         why = refusal(self.architecture, self.header.fields, self.header.tensors)
         if why:
             raise NativeRefusal(f"{self.path.name} cannot run natively: {why} (--backend llama.cpp runs it)")
-        a = self.architecture
+        a, self.arch = self.architecture, _ARCHITECTURES[self.architecture]
         heads = self._field(f"{a}.attention.head_count")
         dim = self._field(f"{a}.embedding_length")
         # llama.cpp's reading: no type is linear, a factor (or the older scale_linear) divides the positions
@@ -273,7 +271,8 @@ class GGUFSource:
                            context=self._field(f"{a}.context_length", 4096),
                            rope_scale=1.0 / factor if scaling == "linear" and factor else 1.0,
                            rope_factors=self._rope_factors(head_dim),
-                           **(self._gemma3(layers, dim, heads, head_dim) if a == "gemma3" else {}))
+                           **self.arch.hyper(lambda key, default=...: self._field(f"{a}.{key}", default), layers,
+                                             dim, heads, head_dim))
         self.eos_token_id = self._field("tokenizer.ggml.eos_token_id", None)
         self._tensors = self.header.tensors
 
@@ -287,23 +286,6 @@ class GGUFSource:
             raise NativeRefusal(f"{self.path.name} cannot run natively: its rope_freqs holds {factors.shape[0]} "
                                 f"factors where its heads have {head_dim // 2} rotary pairs")
         return tuple(float(f) for f in factors)
-
-    def _gemma3(self, layers: int, dim: int, heads: int, head_dim: int) -> dict:
-        """Gemma 3's `Hyper` fields, as llama.cpp reads them (llama_model_gemma3::load_arch_hparams): the
-        layers slide but every `pattern`-th (6; or the file's pattern, a number or a flag a layer),
-        with RoPE base 10000 unless the file says; the query-key scale 1 / sqrt(head_dim), but
-        1 / sqrt(dim / heads) for the 62-layer 27B (llama.cpp names the model by its layer count)."""
-        a = self.architecture
-        window = self._field(f"{a}.attention.sliding_window", 0)
-        sliding = ()
-        if window > 0:
-            pattern = self._field(f"{a}.attention.sliding_window_pattern", 6)
-            sliding = (tuple(bool(p) for p in pattern) if isinstance(pattern, list)
-                       else tuple(pattern == 0 or i % pattern < pattern - 1 for i in range(layers)))
-        return dict(window=window, sliding=sliding, theta_swa=self._field(f"{a}.rope.freq_base_swa", 10000.0),
-                    attention_scale=(dim / heads if layers == 62 else head_dim) ** -0.5,
-                    embed_scale=dim ** 0.5, activation="gelu",
-                    softcap=self._field(f"{a}.final_logit_softcapping", 0.0))
 
     def _field(self, key: str, default=...):
         field = self.header.fields.get(key)
@@ -330,7 +312,7 @@ class GGUFSource:
         if tensor is None:
             return None
         weight = _read(tensor)
-        if name in ("attn_q", "attn_k") and self.architecture == "llama":
+        if name in ("attn_q", "attn_k") and self.arch.permuted_qk:
             order = _un_permute(weight_rows(weight), self.hyper.heads if name == "attn_q" else self.hyper.kv_heads)
             weight = take_rows(weight, order)
         return weight
@@ -347,7 +329,7 @@ def weight_rows(weight: Weight) -> int:
 
 
 def _read(tensor) -> Weight:
-    """One GGUF tensor as groups, or float for the rest."""
+    """One GGUF tensor as groups (`FORMATS`), or float for the rest."""
     from gguf import GGMLQuantizationType as T
     from gguf.quants import dequantize
 
@@ -356,29 +338,27 @@ def _read(tensor) -> Weight:
         return torch.from_numpy(np.array(data))
     if kind == T.BF16:  # int16 bits
         return torch.from_numpy(np.array(data)).view(torch.bfloat16)
-    N = data.shape[0]
-    if kind in (T.Q4_0, T.Q4_1, T.Q8_0):
-        blocks = data.reshape(N, -1, {T.Q4_0: 18, T.Q4_1: 20, T.Q8_0: 34}[kind])  # [N, K / 32, block bytes]
-        d = torch.from_numpy(np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0])  # [N, K / 32]
-        if kind == T.Q8_0:
-            q = torch.from_numpy(np.ascontiguousarray(blocks[..., 2:]).view(np.int8)).reshape(N, -1)
-            return Groups8(q, d.float())
-        packed = torch.from_numpy(np.ascontiguousarray(blocks[..., 4 if kind == T.Q4_1 else 2:]))  # [N, K/32, 16]
-        q = torch.cat([packed & 15, packed >> 4], dim=-1).reshape(N, -1)  # element i low nibble, i + 16 high
-        m = (torch.from_numpy(np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0]) if kind == T.Q4_1
-             else d * -8)  # Q4_0: w = d (q - 8), the float16 product exact
-        return Groups4(q, d, m)
-    if kind == T.Q4_K:
-        return _k_quant(data.reshape(N, -1, 144), five=False)
-    if kind == T.Q5_K:
-        return _k_quant(data.reshape(N, -1, 176), five=True)
-    if kind == T.Q5_0:
-        return _q5_0(data.reshape(N, -1, 22))
-    if kind == T.Q5_1:
-        return _q5_1(data.reshape(N, -1, 24))
-    if kind == T.Q6_K:
-        return _q6_k(data.reshape(N, -1, 210))
+    if (fmt := FORMATS.get(T(kind).name)) is not None:
+        return fmt.read(data.reshape(data.shape[0], -1, fmt.block_bytes))
     return torch.from_numpy(dequantize(data, kind))  # [N, K] float32
+
+
+def _q4(blocks: np.ndarray, has_m: bool) -> Groups4:
+    """Q4_1 blocks [N, K / 32, 20 bytes] (d, m float16, 16 bytes of nibbles: value i's low nibble in
+    byte i, value i + 16's high) or Q4_0 ones [.., 18] (no m: w = d (q - 8), m = -8 d exact in float16)."""
+    N = blocks.shape[0]
+    d = torch.from_numpy(np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0])  # [N, K / 32]
+    packed = torch.from_numpy(np.ascontiguousarray(blocks[..., -16:]))  # [N, K / 32, 16]
+    q = torch.cat([packed & 15, packed >> 4], dim=-1).reshape(N, -1)
+    m = d * -8 if not has_m else torch.from_numpy(np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0])
+    return Groups4(q, d, m)
+
+
+def _q8_0(blocks: np.ndarray) -> Groups8:
+    """Q8_0 blocks [N, K / 32, 34 bytes]: d (float16), 32 int8 values; w = d q."""
+    d = torch.from_numpy(np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0])
+    q = torch.from_numpy(np.ascontiguousarray(blocks[..., 2:]).view(np.int8)).reshape(blocks.shape[0], -1)
+    return Groups8(q, d.float())
 
 
 def _q5_0(blocks: np.ndarray) -> Groups8:
@@ -446,6 +426,29 @@ def _k_quant(blocks: np.ndarray, five: bool) -> GroupsK:
         q |= (bits << 4).reshape(N, B, 256)
     return GroupsK(q.reshape(N, B * 256), halves(0), halves(2), torch.from_numpy(sc).view(N, B * 8),
                    torch.from_numpy(mn).view(N, B * 8))
+
+
+class Format(NamedTuple):
+    """A GGUF block type the native path reads as the file holds it: the bytes of a block, its reader
+    ([N, K / values a block, block bytes] uint8 -> groups), and the products that run those groups in
+    `decode_layers` (csrc/kernels.h's PRODUCT_KINDS: with float32 activations, then with 8-bit ones).
+    Any other type is dequantised to float on reading."""
+
+    block_bytes: int
+    read: Callable[[np.ndarray], Weight]
+    products: tuple[str, ...]
+
+
+FORMATS = {  # by gguf's GGMLQuantizationType name
+    "Q4_0": Format(18, lambda b: _q4(b, False), ("q4f", "q4q8")),
+    "Q4_1": Format(20, lambda b: _q4(b, True), ("q4f", "q4q8")),
+    "Q5_0": Format(22, _q5_0, ("q8", "q8q8")),
+    "Q5_1": Format(24, _q5_1, ("q5q8",)),
+    "Q8_0": Format(34, _q8_0, ("q8", "q8q8")),
+    "Q4_K": Format(144, lambda b: _k_quant(b, five=False), ("q4kq8",)),
+    "Q5_K": Format(176, lambda b: _k_quant(b, five=True), ("q5kq8",)),
+    "Q6_K": Format(210, _q6_k, ("q6q8",)),
+}
 
 
 def native_reading(path: str | os.PathLike) -> tuple[str | None, str | None]:
