@@ -44,6 +44,30 @@ def test_a_native_path_that_computes_otherwise_disagrees_and_exits_1(capsys, lla
     monkeypatch.setattr(NativeLlama, "_rope_table", lambda self, theta, scale=1.0, factors=(): table(self, theta, scale))
     code, out, _ = run_cli(capsys, "check", "--against", "llama.cpp", "--target", str(llama3_file))
     assert code == 1 and "verdict: DISAGREES" in out, out
+    # past the thresholds, the dequantised copy is run too: the native path disagrees there as well
+    assert "BEYOND the thresholds" in out, out
+
+
+def test_the_reference_run_measures_each_engine_from_the_dequantised_copy(capsys, llama3_file):
+    code, out, _ = run_cli(capsys, "check", "--against", "llama.cpp", "--target", str(llama3_file), "--json",
+                           "--reference")
+    record = json.loads(out)
+    ref = record["reference"]
+    assert code == 0 and record["agrees"] and ref["mean_kl"] < 0.02 and ref["agreement"] >= 0.8
+    # both quantised runs are off the exact one by a 4-bit file's rounding: more than F16's, not a wrong model's
+    assert 0 < ref["ours_from_exact"] < 0.05 and 0 < ref["theirs_from_exact"] < 0.05
+
+
+def test_a_deep_file_past_the_thresholds_agrees_only_when_no_further_from_exact_than_llama_cpp():
+    from specdecode.analysis.oracle import MARGIN, Agreement, Reference
+
+    right = Agreement(200, 0.001, 0.01, 0.99)
+    # the 16-layer Q4_K_M case: 0.05 apart, the native path 0.016 from exact and llama.cpp 0.030
+    assert Reference(right, 0.016, 0.030).agrees
+    assert not Reference(right, MARGIN * 0.030 + 0.001, 0.030).agrees  # further from exact than llama.cpp
+    assert Reference(right, 0.015, 0.001).agrees  # within the thresholds of exact whatever llama.cpp does
+    wrong = Agreement(200, 1.1, 4.0, 0.3)  # the architecture computed otherwise: no quantised run saves it
+    assert not Reference(wrong, 0.001, 0.030).agrees
 
 
 @pytest.mark.slow

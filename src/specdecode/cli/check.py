@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 
+from ..progress import waiting
 from .loading import draft_spec, load_target, use_kernels
 
 
@@ -69,8 +70,10 @@ def verdict(results) -> tuple[str, bool]:
 
 
 def check_against(args: argparse.Namespace) -> int:
-    """--against llama.cpp: the native path's numerics and tokenisation against llama.cpp's on --target."""
-    from ..analysis.oracle import compare, report
+    """--against llama.cpp: the native path's numerics and tokenisation against llama.cpp's on --target;
+    a quantised file past the thresholds is measured from both engines on its dequantised copy
+    (`analysis.oracle.Reference`), or always with --reference."""
+    from ..analysis.oracle import compare, is_quantised, reference, report, report_reference
     from ..models.default import default_target_path
     from ..models.load import load_model
 
@@ -81,11 +84,21 @@ def check_against(args: argparse.Namespace) -> int:
     ours = load_model(path, backend="native", dtype=args.dtype, threads=args.threads, n_ctx=512)
     oracle = load_model(path, backend="llama.cpp", threads=args.threads, n_ctx=512)
     result = compare(ours, oracle)
+    ref, agrees = None, result.agrees
+    if (args.reference or not result.agrees) and not result.token_mismatches and is_quantised(path):
+        with waiting("writing the file dequantised to F16 and running both engines on it"):
+            ref = reference(ours, oracle, lambda copy, backend: load_model(
+                str(copy), backend=backend, dtype="float32" if backend == "native" else "auto", threads=args.threads,
+                n_ctx=512), path)
+        agrees = ref.agrees
     if args.json:
-        print(json.dumps({"target": path, "kernels": ours.kernel_plan, **vars(result), "agrees": result.agrees}))
+        extra = {} if ref is None else {"reference": {**vars(ref.exact), "ours_from_exact": ref.ours_from_exact,
+                                                      "theirs_from_exact": ref.theirs_from_exact}}
+        print(json.dumps({"target": path, "kernels": ours.kernel_plan, **vars(result), **extra, "agrees": agrees}))
     else:
-        print("\n".join(report(result, f"{path} ({ours.kernel_plan})")))
-    return 0 if result.agrees else 1
+        lines = report(result, f"{path} ({ours.kernel_plan})") + ([] if ref is None else report_reference(ref))
+        print("\n".join(lines + [f"verdict: {'agrees' if agrees else 'DISAGREES'}"]))
+    return 0 if agrees else 1
 
 
 def cmd_check(args: argparse.Namespace) -> int:

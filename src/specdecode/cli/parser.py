@@ -272,7 +272,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print one JSON object")
     check.add_argument("--against", choices=["llama.cpp"], default=None,
                        help="instead: compare the native backend's next-token distributions and token ids with "
-                            "llama.cpp's on --target (a .gguf file); exit 1 past the oracle tests' thresholds")
+                            "llama.cpp's on --target (a .gguf file); exit 1 past the oracle tests' thresholds, "
+                            "unless, for a quantised file, the native path is no further than llama.cpp from both "
+                            "engines run on the file dequantised to F16")
+    check.add_argument("--reference", action="store_true",
+                       help="with --against: measure from the dequantised copy even within the thresholds")
 
     ngram = commands.add_parser("ngram", help="n-gram drafters")
     ngram_commands = ngram.add_subparsers(dest="ngram_command", required=True)
