@@ -28,13 +28,15 @@ $(VENV)/.installed: pyproject.toml
 $(VENV)/.test-installed: $(VENV)/.installed
 	$(VENV)/bin/pip install -q -e ".[test,llamacpp,ray]"
 	@# the aarch64 cross compiler and qemu-user run the NEON kernels under emulation (tests/test_neon.py);
-	@# clang builds the kernels as macOS would, without OpenMP (tests/test_kernels.py)
-	@if command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null && command -v clang >/dev/null; \
+	@# clang builds the kernels as macOS would, without OpenMP (tests/test_kernels.py);
+	@# chromium and its driver load the server's page in a real browser (tests/test_page.py)
+	@if command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null && command -v clang >/dev/null \
+	  && command -v chromium >/dev/null && command -v chromedriver >/dev/null; \
 	then :; elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-	    gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user clang) >/dev/null \
-	    || echo "could not install the aarch64 cross compiler, qemu-user and clang: their tests will skip"; \
-	else echo "no root apt-get here: the aarch64-emulation and clang tests will skip"; fi
+	    gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user clang chromium chromium-driver) >/dev/null \
+	    || echo "could not install the aarch64 cross compiler, qemu-user, clang and chromium: their tests will skip"; \
+	else echo "no root apt-get here: the aarch64-emulation, clang and browser tests will skip"; fi
 	touch $@
 
 demo: setup

@@ -4,13 +4,15 @@
     POST /v1/completions        a raw prompt (text, or token ids)
     GET  /v1/models, /v1/models/{id}, /health, /metrics
     POST /tokenize, /detokenize text <-> token ids (llama.cpp's and vLLM's field names)
+    GET  /                      the server's own page: a chat showing how each token came (`routes/page.py`)
 
 Responses follow OpenAI's shapes; `usage.speculative` carries the request's speculation statistics
-(in a stream: in a last chunk with no choices, when stream_options.include_usage asks for usage).
-Every error is OpenAI's error body with a fitting status. With an API key, every route but /health
-(and /metrics when it is left open) needs `Authorization: Bearer <key>`.
+(in a stream: in a last chunk with no choices, when stream_options.include_usage asks for usage);
+with the extension's `trace`, each target call's tokens (`trace.py`). Every error is OpenAI's error
+body with a fitting status. With an API key, every route but /health, the page and its files (and
+/metrics when it is left open) needs `Authorization: Bearer <key>`.
 
-The routes live in `routes/` (one module per family: generation, models, tokens, ops) and read what
+The routes live in `routes/` (one module per family: generation, models, tokens, ops, page) and read what
 they need from the one `state.ServerState` at `app.state.server`; `create_app` builds that state and
 wires the routes, the error handlers and the outer gate (`_Gate`).
 """
@@ -31,7 +33,7 @@ from .. import defaults
 from .engine import Engine
 from .metrics import CLIENT_LEFT, UNMATCHED, Metrics
 from .request import Limits, RequestError
-from .routes import generation, models, ops, tokens
+from .routes import generation, models, ops, page, tokens
 from .schema import (TOKENIZE_BODY, chat_body, completion_body, detokenize_body, request_body, responses,
                      without_unsent_statuses)
 from .state import ServerState, failure_id
@@ -143,8 +145,10 @@ def create_app(engine: Engine, model_name: str, limits: Limits = Limits(),
     app.add_api_route("/metrics", ops.prometheus, methods=["GET"],
                       responses=responses(guarded=keyed and not metrics_open,
                                           ok={"text/plain": {"schema": {"type": "string"}}}))
+    app.add_api_route("/", page.index, methods=["GET"], include_in_schema=False)
+    app.add_api_route(page.PREFIX + "{name}", page.asset, methods=["GET"], include_in_schema=False)
 
     without_unsent_statuses(app, model_ids=names)  # model_ids: GET /v1/models/{model_id}'s enum
     app.add_middleware(_Gate, metrics=metrics, routes={route.path for route in app.routes}, api_key=api_key,
-                       open_paths={"/health", "/metrics"} if metrics_open else {"/health"})
+                       open_paths={"/health", *page.PATHS} | ({"/metrics"} if metrics_open else set()))
     return app

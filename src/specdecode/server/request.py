@@ -5,7 +5,11 @@ under the `specdecode` extension object.
      "top_p": 1, "stop": ["\\n\\n"], "seed": 1, "stream": true, "n": 1,
      "response_format": {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}},
      "specdecode": {"draft": "lookup", "gamma": 4 | "auto", "top_k": 0, "lenience": 1.0,
-                    "grammar": "<a Lark grammar>" | "regex": "<a pattern>"}}
+                    "grammar": "<a Lark grammar>" | "regex": "<a pattern>", "trace": true}}
+
+`trace` (opt-in; the reply is OpenAI's without it): each target call's tokens, as Figure 1 of
+Leviathan et al. shows them, under a `specdecode` field of each streamed chunk (of the body without
+a stream); `trace.py` describes it.
 
 OpenAI fields the server cannot honour (audio, store, ...) are
 accepted at their neutral value, which is what many clients send, and refused by name otherwise.
@@ -58,7 +62,7 @@ COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "stream
           "logprobs", "response_format", EXTENSION} | set(NEUTRAL) | set(HARMLESS) | CONTROLS
 FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice"},
           "completion": COMMON | {"prompt", "echo"}}
-EXTENSION_FIELDS = {"draft", "gamma", "top_k", "lenience", "grammar", "regex"}
+EXTENSION_FIELDS = {"draft", "gamma", "top_k", "lenience", "grammar", "regex", "trace"}
 
 
 class RequestError(Exception):
@@ -104,6 +108,7 @@ class Request:
     n: int = 1  # choices to sample for the prompt, each with its own seed (the request's plus its index)
     grammar: Grammar | None = None  # what the output must follow: a response_format's schema, or the extension's
     tools: Any = None  # chat: the functions the model may call (`tools.Tools`), None without
+    trace: bool = False  # the extension's `trace`: each target call's tokens in the reply (`trace.py`)
 
 
 MAX_DEPTH = 64  # how deep a body's arrays and objects may nest (Python's parser recurses, ~1,000 at most)
@@ -388,6 +393,10 @@ def _extension(body: dict, limits: Limits) -> dict:
             out["lenience"] = check_lenience(ext["lenience"], f"'{EXTENSION}.lenience'")
         except ValueError as err:
             raise _bad(str(err), f"{EXTENSION}.lenience", "invalid_value") from None
+    if ext.get("trace") is not None:
+        if not isinstance(ext["trace"], bool):
+            raise _bad(f"'{EXTENSION}.trace' must be a boolean", f"{EXTENSION}.trace", "invalid_type")
+        out["trace"] = ext["trace"]
     for name, build in (("grammar", Grammar.lark), ("regex", Grammar.regex)):
         if ext.get(name) is not None:
             if not isinstance(ext[name], str) or not ext[name]:
@@ -515,6 +524,7 @@ def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
         stop=_stop(body), seed=seed, stream=stream, include_usage=stream and include_usage,
         draft=ext.get("draft"), gamma=ext.get("gamma"), lenience=ext.get("lenience", 1.0),
         logprobs=logprobs, echo=_echo(body, stream), n=n, grammar=grammar, tools=tools,
+        trace=ext.get("trace", False),
     )
 
 

@@ -69,7 +69,9 @@ def _common(limits: Limits, names: list[str], drafts: list[str], vocab: int) -> 
             "gamma": _nullable({"anyOf": [{"type": "integer", "minimum": 0, "maximum": limits.max_gamma},
                                           {"const": "auto"}]}),
             "top_k": _nullable({"type": "integer", "minimum": 0}),
-            "lenience": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1})}}),
+            "lenience": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
+            "trace": _nullable({"type": "boolean", "description": "each target call's tokens in the reply "
+                                "(accepted draft, target's own, rejected): the `specdecode` field of each chunk"})}}),
     }
 
 

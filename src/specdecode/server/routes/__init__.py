@@ -5,4 +5,5 @@ reads what it needs of the server from `request.app.state.server` (`state.Server
     models      GET  /v1/models, /v1/models/{model_id}
     tokens      POST /tokenize, /detokenize; GET /tokenizer_info
     ops         GET  /health, /metrics
+    page        GET  / and /page/{name}: the server's own page (`static/`)
 """

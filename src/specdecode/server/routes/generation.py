@@ -1,6 +1,7 @@
 """POST /v1/chat/completions (chat turns through the model's chat template) and /v1/completions (a
 raw prompt: text, or token ids; several prompts decode together): each request's jobs go to the
-engine, and the reply is one body once they are done, or a stream of server-sent events."""
+engine, and the reply is one body once they are done, or a stream of server-sent events. A request
+with the extension's `trace` also gets each target call's tokens (`trace.py`)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ...decode import TokenLogprob
 from ..engine import Job
 from ..metrics import CLIENT_LEFT
-from ..request import Request, RequestError, parse_request
+from ..request import EXTENSION, Request, RequestError, parse_request
 from ..state import ServerState
+from ..trace import Tracer
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", None: "stop"}
 
@@ -66,7 +68,8 @@ async def submit(state: ServerState, request: HTTPRequest, kind: str) -> tuple[R
 
 async def collect(state: ServerState, job: Job, kind: str) -> dict | None:
     """The reply's body once its job is done; None where the client left first (`watch_client`)."""
-    pieces, entries = [], []
+    pieces, entries, traced = [], [], []
+    tracer = Tracer(state.target.tokenizer) if job.request.trace else None
     try:
         while True:
             event, value = await job.events.get()
@@ -75,6 +78,8 @@ async def collect(state: ServerState, job: Job, kind: str) -> dict | None:
             if event == "piece":
                 pieces.append(value.accepted_text + value.target_text)
                 entries += value.step.logprobs or []
+                if tracer is not None:
+                    traced.append(tracer.entry(value))
             elif event == "error":
                 raise state.generation_failed(job, value)
             else:
@@ -100,8 +105,9 @@ async def collect(state: ServerState, job: Job, kind: str) -> dict | None:
         message, finish = {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls"
     choice = ({"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}
               if kind == "chat" else {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs})
+    trace = {EXTENSION: {"trace": traced}} if tracer is not None else {}
     return {**state.envelope(kind, state.new_id(kind), False), "choices": [choice], "usage": state.usage(job),
-            "timings": state.timings(job)}
+            "timings": state.timings(job), **trace}
 
 
 async def watch_client(request: HTTPRequest, jobs: list[Job]) -> None:
@@ -128,6 +134,9 @@ async def stream(state: ServerState, job: Job, kind: str):
                 choice["logprobs"] = logprobs
         else:
             choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
+        if traced:  # the target calls not sent yet ride on this chunk
+            extra[EXTENSION] = {"trace": traced[:]}
+            traced.clear()
         return "data: " + json.dumps({**state.envelope(kind, rid, True), "choices": [choice], **extra}) + "\n\n"
 
     shown = 0  # characters streamed so far (completions' text offsets)
@@ -136,6 +145,7 @@ async def stream(state: ServerState, job: Job, kind: str):
     tools = job.request.tools if kind == "chat" else None
     calling = None if tools is not None and tools.choice == "auto" else (tools is not None and tools.choice != "none")
     held: list[str] = []
+    tracer, traced = (Tracer(state.target.tokenizer) if job.request.trace else None), []
 
     try:
         if kind == "chat":
@@ -144,6 +154,8 @@ async def stream(state: ServerState, job: Job, kind: str):
             event, value = await job.events.get()
             if event == "piece":
                 text = value.accepted_text + value.target_text
+                if tracer is not None:
+                    traced.append(tracer.entry(value))
                 if calling is None and ("".join(held) + text).strip():
                     calling = ("".join(held) + text).lstrip().startswith("{")
                     if not calling and held:
@@ -204,6 +216,8 @@ async def complete(request: HTTPRequest, kind: str):
     merged["usage"]["total_tokens"] = merged["usage"]["prompt_tokens"] + merged["usage"]["completion_tokens"]
     merged["usage"]["speculative"] = [b["usage"]["speculative"] for b in bodies]
     merged["timings"] = [b["timings"] for b in bodies]
+    if req.trace:
+        merged[EXTENSION] = {"trace": [b[EXTENSION]["trace"] for b in bodies]}
     return JSONResponse(merged)
 
 
