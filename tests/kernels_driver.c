@@ -64,12 +64,13 @@ static const float *scales, *weight;
 static int threads = 2;
 static void run_q4q8(const float *x, float *y, int rows) { q4q8_matmul(x, q4, coef, y, rows, IN, OUT, threads); }
 static void run_q8q8(const float *x, float *y, int rows) { q8q8_matmul(x, q8, scales, y, rows, IN, OUT, threads); }
-static const float *wide_coef;
-static void run_q6q8(const float *x, float *y, int rows) { q6q8_matmul(x, q8, wide_coef, y, rows, IN, OUT, threads); }
+static void run_q40q8(const float *x, float *y, int rows) { q40q8_matmul(x, q4, coef, y, rows, IN, OUT, threads); }
 /* the K-quants' products take inputs in super-blocks of 256: IN_K of them, their coefficients' bytes
  * float16 d and -dmin, then 6-bit scales and mins (kernels.h) */
 enum { IN_K = 512 };
 static const uint8_t *k_coef, *q5;
+static const uint8_t *q6_coef;
+static void run_q6q8(const float *x, float *y, int rows) { q6q8_matmul(x, q8, q6_coef, y, rows, IN_K, OUT, threads); }
 static void run_q5q8(const float *x, float *y, int rows) { q5q8_matmul(x, q5, coef, y, rows, IN_K, OUT, threads); }
 static void run_q4kq8(const float *x, float *y, int rows) { q4kq8_matmul(x, q4, k_coef, y, rows, IN_K, OUT, threads); }
 static void run_q5kq8(const float *x, float *y, int rows) { q5kq8_matmul(x, q5, k_coef, y, rows, IN_K, OUT, threads); }
@@ -92,7 +93,13 @@ int main(int argc, char **argv) {
     q8 = bytes((long)OUT * IN);
     coef = halves((long)OUT / 16 * IN / 32 * 32);
     scales = floats((long)OUT / 16 * IN / 32 * 16, 0.01f);
-    wide_coef = floats((long)OUT / 16 * IN / 32 * 32, 0.01f);
+    uint8_t *q6 = bytes((long)OUT / 16 * IN_K / 256 * 288); /* per block d: float16 halves, then int8 sc */
+    for (long b = 0; b < (long)OUT / 16 * IN_K / 256; b++) {
+        uint16_t *h = halves(16);
+        memcpy(q6 + b * 288, h, 32);
+        free(h);
+    }
+    q6_coef = q6;
     q5 = bytes((long)OUT * IN_K / 8 * 5); /* 320 bytes a group of 32 inputs x 16 outputs */
     uint8_t *kq = bytes((long)OUT / 16 * IN_K / 256 * 320);
     for (long b = 0; b < (long)OUT / 16 * IN_K / 256; b++) { /* d, -dmin: float16 halves; sc, m: 6 bits */
@@ -109,7 +116,8 @@ int main(int argc, char **argv) {
     check_product("q4kq8_matmul", run_q4kq8, x, IN_K, OUT);
     check_product("q5kq8_matmul", run_q5kq8, x, IN_K, OUT);
     check_product("q5q8_matmul", run_q5q8, x, IN_K, OUT); /* coef: float16 d, m a group, as q4q8's */
-    check_product("q6q8_matmul", run_q6q8, x, IN, OUT); /* wide_coef holds in / 16 scales an output block */
+    check_product("q6q8_matmul", run_q6q8, x, IN_K, OUT); /* Q6_K's d and sc, as the file factors them */
+    check_product("q40q8_matmul", run_q40q8, x, IN, OUT); /* coef: float16 d a group (its first half used) */
     check_product("q4f_matmul", run_q4f, x, IN, OUT);
     check_product("q8_matmul", run_q8, x, IN, OUT);
     check_product("f32_matmul", run_f32, x, IN, OUT);

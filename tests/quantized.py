@@ -2,7 +2,7 @@
 
 import torch
 
-from specdecode.models.native.source import Groups8, GroupsK
+from specdecode.models.native.source import Groups6, GroupsK
 
 
 def q4_grid(out_features, in_features, gen):
@@ -29,10 +29,10 @@ def k_groups(out_features, in_features, gen, bits=4):
 
 
 def q6k_groups(out_features, in_features, gen):
-    """8-bit groups made the way a Q6_K file holds them: per 256 inputs a float16 d, per 16 an int8
-    scale sc, values q - 32 in -32..31: w = (d sc) (q - 32), the scales exact in float32."""
+    """Groups made the way a Q6_K file holds them: per 256 inputs a float16 d, per 16 an int8 scale
+    sc, values q - 32 in -32..31: w = (d sc) (q - 32), the scales exact in float32."""
     blocks = in_features // 256
-    d = (torch.rand(out_features, blocks, 1, generator=gen) * 1e-3 + 1e-4).half().float()
-    sc = torch.randint(-128, 128, (out_features, blocks, 16), generator=gen).float()
+    d = (torch.rand(out_features, blocks, generator=gen) * 1e-3 + 1e-4).half().float()
+    sc = torch.randint(-128, 128, (out_features, blocks * 16), generator=gen).to(torch.int8)
     q = torch.randint(-32, 32, (out_features, in_features), generator=gen).to(torch.int8)
-    return Groups8(q, (d * sc).view(out_features, -1))
+    return Groups6(q, d, sc)

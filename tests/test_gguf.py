@@ -203,21 +203,25 @@ def test_a_v_of_another_kind_stacks_beside_q_and_k_on_their_own_groups(k_quants,
     assert kl(theirs, ours) < 0.02 and agree >= 0.85, (fmt, kl(theirs, ours), agree)
 
 
-def test_groups_of_32_and_of_16_stack_into_one_product_exactly():
-    """q|k|v of a Q4_K_M file may stack Q5_0 or Q8_0 rows (a scale a 32 inputs) on Q6_K ones (a 16)."""
-    from specdecode.models.native.source import concat
+def test_groups_of_several_kinds_stack_as_runs_of_one_kind_exactly():
+    """q|k|v of a Q4_K_M file may stack Q5_0 or Q8_0 rows (a scale a 32 inputs) or 4-bit ones on Q6_K
+    ones (a scale a 16, factored as the file holds it): neighbours of one kind fused, the kinds side
+    by side (each its own product), nothing made float."""
+    from quantized import q6k_groups
+
+    from specdecode.models.native.source import Groups6, concat
 
     gen = torch.Generator().manual_seed(3)
-    q = torch.randint(-32, 32, (32, 256), generator=gen).to(torch.int8)
-    by32, by16 = Groups8(q[:16], torch.rand(16, 8, generator=gen)), Groups8(q[16:], torch.rand(16, 16, generator=gen))
-    stacked = concat([by32, by16])
-    assert isinstance(stacked, Groups8) and stacked.d.shape == (32, 16)
-    assert torch.equal(stacked.dense(), torch.cat([by32.dense(), by16.dense()]))
-    # 4-bit rows beside them: neighbours of one kind fused, the kinds side by side, nothing made float
+    by32 = Groups8(torch.randint(-32, 32, (16, 256), generator=gen).to(torch.int8), torch.rand(16, 8, generator=gen))
+    by16 = q6k_groups(16, 256, gen)
+    stacked = concat([by32, by16, by16])
+    assert isinstance(stacked, Stacked) and [type(p) for p in stacked.parts] == [Groups8, Groups6]
+    assert stacked.parts[1].q.shape == (32, 256) and stacked.parts[1].sc.shape == (32, 16)
+    assert torch.equal(stacked.dense(), torch.cat([by32.dense(), by16.dense(), by16.dense()]))
     four = Groups4(torch.randint(0, 16, (16, 256), generator=gen).to(torch.uint8), torch.rand(16, 8, generator=gen),
                    torch.rand(16, 8, generator=gen))
     mixed = concat([four, four, by16])
-    assert isinstance(mixed, Stacked) and [type(p) for p in mixed.parts] == [Groups4, Groups8]
+    assert isinstance(mixed, Stacked) and [type(p) for p in mixed.parts] == [Groups4, Groups6]
     assert mixed.parts[0].q.shape == (32, 256)
     assert torch.equal(mixed.dense(), torch.cat([four.dense(), four.dense(), by16.dense()]))
 

@@ -310,7 +310,7 @@ def _quantisation_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return step / 2 @ weight_mass.t() * 1.001 + 1e-5
 
 
-@pytest.mark.parametrize("product", ["q4q8", "q5q8", "q4kq8", "q5kq8", "q8q8", "q6q8"])
+@pytest.mark.parametrize("product", ["q4q8", "q40q8", "q5q8", "q4kq8", "q5kq8", "q8q8", "q6q8"])
 def test_int8_activation_products_give_the_portable_bits_rows_alone_within_the_rounding_bound(lib, product):
     """The integer products (activations rounded to 8 bits per group of 32, exact integer dot
     products): the same bits as the portable build's, each row the same alone and in batches, and
@@ -318,10 +318,16 @@ def test_int8_activation_products_give_the_portable_bits_rows_alone_within_the_r
     ours, reference = (CKernels(built, H, HKV, HD, torch.float32)
                        for built in (lib, plan._load("portable", plan.c_compiler())[0]))
     gen = torch.Generator().manual_seed(10)
-    for out_features, in_features in ((96, 1536), (960, 576 if product in ("q4q8", "q5q8", "q8q8") else 512)):  # K: 256s
+    for out_features, in_features in ((96, 1536), (960, 576 if product in ("q4q8", "q40q8", "q5q8", "q8q8") else 512)):  # K: 256s
         if product == "q4q8":
             weight = q4_grid(out_features, in_features, gen)
             make = lambda k: Int4Linear.quantize(weight, torch.float32, k, int8_activations=True)  # noqa: E731
+        elif product == "q40q8":  # Q4_0's groups: float16 d a group, m = -8 d
+            d = (torch.rand(out_features, in_features // 32, generator=gen) * 0.01 + 1e-3).half()
+            groups = Groups4(torch.randint(0, 16, (out_features, in_features), generator=gen).to(torch.uint8), d,
+                             d * -8)
+            weight = groups.dense()
+            make = lambda k: Int4Linear.from_groups(groups, torch.float32, k, int8_activations=True)  # noqa: E731
         elif product == "q5q8":  # Q5_1's groups: 5-bit values, float16 d and m a group
             groups = Groups4(torch.randint(0, 32, (out_features, in_features), generator=gen).to(torch.uint8),
                              (torch.rand(out_features, in_features // 32, generator=gen) * 0.01 + 1e-3).half(),

@@ -128,7 +128,7 @@ class CKernels(TorchKernels):
         self._q4q8_matmul, self._q8q8_matmul = lib.q4q8_matmul, lib.q8q8_matmul
         self._f32_matmul, self._decode_layers = lib.f32_matmul, lib.decode_layers
         self._q4kq8_matmul, self._q5kq8_matmul, self._q5q8_matmul = lib.q4kq8_matmul, lib.q5kq8_matmul, lib.q5q8_matmul
-        self._q6q8_matmul = lib.q6q8_matmul
+        self._q6q8_matmul, self._q40q8_matmul = lib.q6q8_matmul, lib.q40q8_matmul
         # decode_layers' product ids by the Python products' `kind`, and its layer slots, from the
         # library itself (csrc/kernels.h's PRODUCT_KINDS and LAYER_SLOTS)
         self.products = {name: i for i, name in enumerate(lib.product_kinds().decode().split(","))}
@@ -199,7 +199,8 @@ class CKernels(TorchKernels):
         return self._grouped(self._q8q8_matmul, x, q, scales, "8-bit product")
 
     def q6q8_matmul(self, x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        """q8q8_matmul with a scale a 16 inputs (Q6_K): scales [out / 16, in / 16, 16] float32."""
+        """q8q8_matmul with a scale a 16 inputs (Q6_K's d sc): scales [out / 16, in / 256, 288] uint8, per
+        16 outputs and super-block d [16] float16 then sc [16 groups][16 outputs] int8 (common.h)."""
         return self._grouped(self._q6q8_matmul, x, q, scales, "8-bit product")
 
     def q4_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
@@ -221,6 +222,10 @@ class CKernels(TorchKernels):
     def q5q8_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
         """q4q8_matmul for Q5_1's 5-bit values: q [out / 16, in / 32, 320] uint8 (low nibbles, high bits)."""
         return self._grouped(self._q5q8_matmul, x, q, coef, "5-bit product")
+
+    def q40q8_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+        """q4q8_matmul for Q4_0's groups: coef [out / 16, in / 32, 16] float16, d alone (m = -8 d)."""
+        return self._grouped(self._q40q8_matmul, x, q, coef, "4-bit product")
 
     def q4kq8_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
         """q4q8_matmul for Q4_K groups: coef [out / 16, in / 256, 320] uint8 (csrc/common.h's KQ_BYTES)."""

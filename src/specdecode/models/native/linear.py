@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .source import Groups4, Groups8, GroupsK
+from .source import Groups4, Groups6, Groups8, GroupsK
 
 
 def bf16_supported() -> bool:
@@ -136,7 +136,8 @@ class Int4Linear:
     - `q4f`: `q4f_matmul` (float32 activations, any C build: AVX2, portable): converts each nibble to
       float32 once for every two rows, with d and m kept in the file's float16.
     - `q4q8`: `q4q8_matmul` (activations quantised to 8 bits per group of 32 inside the call, as
-      llama.cpp does): integer dot products, the same bits on every path (the `w4a8` precision).
+      llama.cpp does): integer dot products, the same bits on every path (the `w4a8` precision);
+      `q40q8` the same for Q4_0's groups, whose minimum is -8 d: their d alone is held.
     - `torch`: where the plan has no C library, PyTorch's CPU kernel (`_weight_int4pack_mm_for_cpu`),
       which unpacks the weights again for every 4 rows.
 
@@ -190,6 +191,9 @@ class Int4Linear:
             if not (getattr(kernels, "q4q8", False) and dtype == torch.float32):
                 raise ValueError("8-bit activations need the C kernels with float32 activations")
             packed, five = _q4q8_values(groups.q)  # 5-bit values (Q5_1): q5q8_matmul
+            if not five and torch.equal(groups.m.float(), -8 * groups.d.float()):  # Q4_0's: d alone, q40q8_matmul
+                d = groups.d.half().view(N // 16, 16, K // cls.GROUP).transpose(1, 2).contiguous()  # [N/16, K/G, 16]
+                return cls(packed, d, N, kernels, kind="q40q8")
             return cls(packed, halves(), N, kernels, kind="q5q8" if five else "q4q8")
         if bool((groups.q > 15).any()):  # 5-bit values: only the 8-bit-activation kernels take them
             return None
@@ -263,7 +267,8 @@ class Q8Linear:
     """y = x W^T with W held as int8 in groups of 32 inputs, each with one scale: w = scale * q (the
     GGUF Q8_0 block format, in which SmolLM2's file stores its tied embedding / LM head). Runs
     through the C kernels: `q8_matmul` (float32 activations) or, with `int8_activations`, `q8q8_matmul`
-    (the activations quantised to 8 bits too; integer dot products). Float32 out. Like
+    (the activations quantised to 8 bits too; integer dot products), or for Q6_K's 6-bit values, a
+    scale d sc a 16 inputs kept as the file factors it, `q6q8_matmul`. Float32 out. Like
     `Int4Linear.quantize`, `quantize` returns None unless the weight already is such a grid, so
     nothing is requantised."""
 
@@ -286,22 +291,27 @@ class Q8Linear:
         return cls.from_groups(Groups8(q.to(torch.int8).view(N, K), scale[..., 0]), kernels, int8_activations)
 
     @classmethod
-    def from_groups(cls, groups: Groups8, kernels, int8_activations: bool = False) -> Q8Linear | None:
-        """8-bit groups (a GGUF file's Q8_0 blocks) -> a Q8Linear, or None where the kernels do not take
-        the shape."""
+    def from_groups(cls, groups: Groups8 | Groups6, kernels, int8_activations: bool = False) -> Q8Linear | None:
+        """8-bit groups (a GGUF file's Q8_0 blocks) or Q6_K's -> a Q8Linear, or None where the kernels do
+        not take the shape (Q6_K's: with 8-bit activations only, `q6q8_matmul`)."""
         N, K = groups.q.shape
         if K % 32 or N % 16 or not hasattr(kernels, "q8_matmul"):
             return None
-        q, size = groups.q, K // groups.d.shape[1]  # inputs a scale covers: 32, or Q6_K's 16
-        scales = groups.d.float().view(N // 16, 16, K // size).transpose(1, 2).contiguous()  # [out/16, in/size, 16]
-        if size == 16:  # q6q8_matmul only: q as q8q8's
+        q = groups.q
+        if int8_activations:  # q8q8_matmul's: [out/16, in/32, 8, 16, 4] bytes, q + 128 (chunk c, output o, input 4c + j)
+            q = (q.view(torch.uint8) ^ 128).view(N // 16, 16, K // 32, 8, 4).permute(0, 2, 3, 1, 4).contiguous()
+        if isinstance(groups, Groups6):
             if not int8_activations:
                 return None
-            q = (q.view(torch.uint8) ^ 128).view(N // 16, 16, K // 32, 8, 4).permute(0, 2, 3, 1, 4)  # q + 128
-            return cls(q.contiguous(), scales, kernels, kind="q6q8")
-        if int8_activations:  # q8q8_matmul: [out/16, in/32, 8, 16, 4] bytes, q + 128 (chunk c, output o, input 4c + j)
-            q = (q.view(torch.uint8) ^ 128).view(N // 16, 16, K // 32, 8, 4).permute(0, 2, 3, 1, 4)  # q + 128
-            return cls(q.contiguous(), scales, kernels, kind="q8q8")
+            # q6q8_matmul's coefficients (csrc/common.h's Q6K_BYTES): per 16 outputs and super-block of 256
+            # inputs, d [16] float16 then sc [16 groups][16 outputs] int8, as the file factors the scales
+            d = groups.d.half().view(N // 16, 16, K // 256).permute(0, 2, 1).contiguous().view(torch.uint8)
+            sc = groups.sc.view(N // 16, 16, K // 256, 16).permute(0, 2, 3, 1).reshape(N // 16, K // 256, 256)
+            return cls(q, torch.cat([d.view(N // 16, K // 256, 32), sc.view(torch.uint8)], dim=-1).contiguous(),
+                       kernels, kind="q6q8")
+        scales = groups.d.float().view(N // 16, 16, K // 32).transpose(1, 2).contiguous()  # [out/16, in/32, 16]
+        if int8_activations:
+            return cls(q, scales, kernels, kind="q8q8")
         q = q.view(N // 16, 16, K).transpose(1, 2).contiguous()  # [out/16, in, 16]
         return cls(q, scales, kernels)
 
@@ -312,7 +322,13 @@ class Q8Linear:
         """Rows `ids` of W (float32 [len(ids), in]), read back from the kernel's layout: a tied
         embedding looks its tokens up here rather than keeping a second copy of the table."""
         block, o = ids // 16, ids % 16
-        scales = self.scales[block, :, o]  # [T, in / 32] (q6q8: in / 16)
+        if self.kind == "q6q8":  # [out/16, in/256, 288] bytes: d [16] float16, sc [16 groups][16] int8
+            coef = self.scales[block]  # [T, in / 256, 288]
+            d = coef[..., :32].contiguous().view(torch.float16).float()[torch.arange(len(ids)), :, o]  # [T, in/256]
+            sc = coef[..., 32:].view(torch.int8).view(len(ids), -1, 16, 16)[torch.arange(len(ids)), :, :, o]
+            scales = (d[..., None] * sc.float()).flatten(1)  # [T, in / 16]
+        else:
+            scales = self.scales[block, :, o]  # [T, in / 32]
         if self.kind in ("q8q8", "q6q8"):  # [out/16, in/32, 8, 16, 4] bytes, q + 128
             q = self.q[block, :, :, o].to(torch.int16) - 128  # [T, in / 32, 8, 4]
         else:  # [out/16, in, 16] int8

@@ -17,7 +17,7 @@ from . import threads
 from .kernels import CKernels, DecodeModel, Segment, make_kernels
 from .linear import F32Linear, Int4Linear, Linear, Q8Linear, StackedLinear, bf16_supported, dense
 from .plan import cpu_flags, kernel_plan
-from .source import (DirectorySource, Embedding, GGUFSource, Groups4, Groups8, GroupsK, Stacked, Weight, as_float,
+from .source import (DirectorySource, Embedding, GGUFSource, Groups4, Groups6, Groups8, GroupsK, Stacked, Weight, as_float,
                      concat, open_source)
 
 
@@ -237,7 +237,7 @@ class NativeLlama:
             products = self.kernels.products
             return (StackedLinear(parts, products) if int8 and all(p is not None and p.kind in products for p in parts)
                     else None)
-        if isinstance(weight, Groups8):
+        if isinstance(weight, (Groups8, Groups6)):
             return Q8Linear.from_groups(weight, self.kernels, int8_activations=int8) if head or int8 else None
         if isinstance(weight, Groups4):
             return Int4Linear.from_groups(weight, self.compute_dtype, self.kernels, int8_activations=int8)

@@ -207,7 +207,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     for name in ("q8_matmul", "q8q8_matmul", "q6q8_matmul"):
         getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, [p] * 4 + [i32] * 4
     lib.f32_matmul.restype, lib.f32_matmul.argtypes = None, [p] * 3 + [i32] * 4
-    for name in ("q4_matmul", "q4f_matmul", "q4q8_matmul", "q5q8_matmul", "q4kq8_matmul", "q5kq8_matmul"):
+    for name in ("q4_matmul", "q4f_matmul", "q4q8_matmul", "q5q8_matmul", "q40q8_matmul", "q4kq8_matmul",
+                 "q5kq8_matmul"):
         getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, [p] * 4 + [i32] * 4
     for name in ("q4_available", "q4q8_vector", "kernels_pool_workers"):
         getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, []

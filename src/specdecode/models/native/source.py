@@ -4,8 +4,8 @@ no dequantisation on the way, no converted copy on disk).
 
 Both give the model the same things under llama.cpp's tensor names (`attn_q`, `ffn_down`,
 `token_embd`, ...): a `Hyper` of the architecture's sizes, and each weight as float, 4-bit groups
-(`Groups4`: Q4_0, Q4_1 and Q5_1 blocks; `GroupsK`: Q4_K and Q5_K ones) or 8-bit groups (`Groups8`: Q8_0,
-Q5_0 and Q6_K blocks): one entry of `FORMATS` each, the block types read as they are.
+(`Groups4`: Q4_0, Q4_1 and Q5_1 blocks; `GroupsK`: Q4_K and Q5_K ones), 8-bit groups (`Groups8`: Q8_0
+and Q5_0 blocks) or 6-bit ones (`Groups6`: Q6_K): one entry of `FORMATS` each, the block types read as they are.
 A GGUF type the kernels have no product for is dequantised by the `gguf` package (exact: the
 file's own values), so every file runs, those tensors as float.
 """
@@ -68,28 +68,43 @@ class GroupsK(NamedTuple):
 
 
 class Groups8(NamedTuple):
-    """w = d q per group of 32 inputs, q in -127..127 (Q8_0; Q5_0's 5-bit values less 16), or of 16
-    inputs (Q6_K: d its super-block's scale times the group's, q its 6-bit values less 32)."""
+    """w = d q per group of 32 inputs, q in -127..127 (Q8_0; Q5_0's 5-bit values less 16)."""
 
     q: torch.Tensor  # [N, K] int8
-    d: torch.Tensor  # [N, K / 32] or [N, K / 16] float32 (exact: the file's float16, or a product with it)
+    d: torch.Tensor  # [N, K / 32] float32 (exact: the file's float16)
 
     def dense(self) -> torch.Tensor:  # [N, K] float32
         N, K = self.q.shape
         return (self.q.view(N, self.d.shape[1], -1).float() * self.d[..., None]).view(N, K)
 
 
+class Groups6(NamedTuple):
+    """Q6_K's groups as the file factors them: w = d sc q per group of 16 inputs, q its 6-bit values
+    less 32 (-32..31), sc the group's int8 scale, d its super-block's (256 inputs) float16 one."""
+
+    q: torch.Tensor  # [N, K] int8
+    d: torch.Tensor  # [N, K / 256] float32 (the file's float16)
+    sc: torch.Tensor  # [N, K / 16] int8
+
+    def scales(self) -> torch.Tensor:  # [N, K / 16] float32, d sc: exact (an 11-bit by an 8-bit integer)
+        return self.d.repeat_interleave(16, dim=1) * self.sc.float()
+
+    def dense(self) -> torch.Tensor:  # [N, K] float32
+        N, K = self.q.shape
+        return (self.q.view(N, K // 16, 16).float() * self.scales()[..., None]).view(N, K)
+
+
 class Stacked(NamedTuple):
     """Weights of different kinds with the same inputs, stacked along their outputs (a Q4_K q|k beside
     a Q6_K v, as llama.cpp's Q4_K_M and Q5_K_M files mix them): each part keeps its own groups."""
 
-    parts: tuple  # of Groups4 / Groups8, in output order
+    parts: tuple  # of Groups4 / GroupsK / Groups8 / Groups6, in output order
 
     def dense(self) -> torch.Tensor:  # [N, K] float32
         return torch.cat([as_float(p).float() for p in self.parts])
 
 
-Weight = Union[torch.Tensor, Groups4, GroupsK, Groups8, Stacked]
+Weight = Union[torch.Tensor, Groups4, GroupsK, Groups8, Groups6, Stacked]
 
 
 def as_float(weight: Weight) -> torch.Tensor:
@@ -107,13 +122,9 @@ def concat(parts: list[Weight]) -> Weight:
     stay groups, groups of several kinds a `Stacked` of runs of one kind, anything with a float
     weight float."""
     kind = type(parts[0])
-    if kind is Groups8 and all(type(p) is kind for p in parts) and len({p.d.shape[1] for p in parts}) > 1:
-        # groups of 32 beside Q6_K's of 16: a 32-group's scale serves both its halves, exactly
-        parts = [p if p.d.shape[1] * 16 == p.q.shape[1] else Groups8(p.q, p.d.repeat_interleave(2, dim=1))
-                 for p in parts]
     if kind is not torch.Tensor and all(type(p) is kind for p in parts):
         return kind(*(torch.cat(fields) for fields in zip(*parts)))
-    if all(isinstance(p, (Groups4, GroupsK, Groups8)) for p in parts):
+    if all(isinstance(p, (Groups4, GroupsK, Groups8, Groups6)) for p in parts):
         runs = [[parts[0]]]  # neighbours of one kind (and one group size) fused
         for p in parts[1:]:
             last = runs[-1][-1]
@@ -388,8 +399,8 @@ def _q5_1(blocks: np.ndarray) -> Groups4:
     return Groups4(q.view(N, B * 32), d, m)
 
 
-def _q6_k(blocks: np.ndarray) -> Groups8:
-    """Q6_K super-blocks [N, K / 256, 210 bytes] as 8-bit groups of 16: 128 bytes of low nibbles, 64
+def _q6_k(blocks: np.ndarray) -> Groups6:
+    """Q6_K super-blocks [N, K / 256, 210 bytes] as their groups of 16: 128 bytes of low nibbles, 64
     of high bit pairs, 16 int8 scales, d (float16); value e of a block has scale d sc[e // 16] and
     q - 32 in -32..31 (llama.cpp's dequantize_row_q6_K: per 128 values, byte l of the low nibbles
     holds values l and l + 64 (low, high nibble), byte l + 32 values l + 32 and l + 96; the high bits
@@ -400,10 +411,9 @@ def _q6_k(blocks: np.ndarray) -> Groups8:
     nibbles = torch.cat([low & 15, low >> 4], dim=-2)  # [N, B, half, j, l]: value 32 j + l of the half
     pairs = (high >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]) & 3  # [N, B, half, j, l]
     q = (nibbles | pairs << 4).view(torch.int8) - 32  # 0..63 less 32
-    sc = blocks[..., 192:208].view(np.int8).astype(np.float32)  # [N, B, 16]
-    d = np.ascontiguousarray(blocks[..., 208:210]).view(np.float16)[..., 0].astype(np.float32)  # [N, B]
-    scale = torch.from_numpy(d[..., None] * sc).view(N, B * 16)  # exact: an 11-bit by an 8-bit integer
-    return Groups8(q.reshape(N, B * 256), scale)
+    sc = torch.from_numpy(np.ascontiguousarray(blocks[..., 192:208]).view(np.int8)).reshape(N, B * 16)
+    d = torch.from_numpy(np.ascontiguousarray(blocks[..., 208:210]).view(np.float16)[..., 0].astype(np.float32))
+    return Groups6(q.reshape(N, B * 256), d, sc)
 
 
 def _k_quant(blocks: np.ndarray, five: bool) -> GroupsK:
@@ -440,7 +450,7 @@ class Format(NamedTuple):
 
 
 FORMATS = {  # by gguf's GGMLQuantizationType name
-    "Q4_0": Format(18, lambda b: _q4(b, False), ("q4f", "q4q8")),
+    "Q4_0": Format(18, lambda b: _q4(b, False), ("q4f", "q40q8")),
     "Q4_1": Format(20, lambda b: _q4(b, True), ("q4f", "q4q8")),
     "Q5_0": Format(22, _q5_0, ("q8", "q8q8")),
     "Q5_1": Format(24, _q5_1, ("q5q8",)),

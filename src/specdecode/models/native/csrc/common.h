@@ -29,6 +29,23 @@
 typedef void (*index_fn)(void *ctx, int i);
 INTERNAL void parallel_for(int n, int threads, index_fn fn, void *ctx);
 
+/* A float16 (the files' d and m) as float32, exactly. */
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff, bits;
+    if (exponent == 0) { /* zero or subnormal: mantissa 2^-24 */
+        float f = (float)mantissa * (1.0f / 16777216.0f);
+        memcpy(&bits, &f, sizeof bits);
+        bits |= sign;
+    } else if (exponent == 31) {
+        bits = sign | 0x7f800000u | mantissa << 13;
+    } else {
+        bits = sign | (exponent + 112) << 23 | mantissa << 13;
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 /* ---- bf16 and float32 loads and stores -------------------------------------------------------- */
 
 static inline float load_f32(float x) { return x; }
@@ -151,6 +168,7 @@ INTERNAL void q4q8_blocks(void *ctx, int nb); /* extra: the rows' 8-bit activati
 INTERNAL void q5q8_blocks(void *ctx, int nb); /* the same, 5-bit values (Q5_1; FORMAT_Q5 below) */
 INTERNAL void q4kq8_blocks(void *ctx, int nb); /* the same, K-quant coefficients (KQ_BYTES below) */
 INTERNAL void q5kq8_blocks(void *ctx, int nb); /* the same, 5-bit values (Q5_K) */
+INTERNAL void q40q8_blocks(void *ctx, int nb); /* the same, Q4_0's coefficients (d alone) */
 INTERNAL void q8q8_blocks(void *ctx, int nb); /* the same */
 INTERNAL void q6q8_blocks(void *ctx, int nb); /* the same, a scale a 16 inputs */
 
@@ -174,12 +192,13 @@ INTERNAL void q6q8_blocks(void *ctx, int nb); /* the same, a scale a 16 inputs *
  * float32 (11 by 6 bits). */
 enum { KQ_BYTES = 320, KQ_SC = 64, KQ_M = 192 };
 /* The formats q4q8_rows takes (FORMAT): Q4_1 groups (float16 d, m a group) of 4-bit or 5-bit values
- * (Q5_1), and K-quant groups of 4-bit (Q4_K) or 5-bit values (Q5_K). A group of 5-bit values is its
+ * (Q5_1), K-quant groups of 4-bit (Q4_K) or 5-bit values (Q5_K), and Q4_0 groups (float16 d a group,
+ * [16] per 16 outputs: m = -8 d, exact). A group of 5-bit values is its
  * 256 bytes of low nibbles followed by 64 of high bits, 8 a chunk: a little-endian uint32 whose bit b
  * is the high bit of the value in chunk byte b's low nibble, then one for the high nibbles. */
-enum { FORMAT_Q4, FORMAT_Q5, FORMAT_K4, FORMAT_K5 };
+enum { FORMAT_Q4, FORMAT_Q5, FORMAT_K4, FORMAT_K5, FORMAT_Q40 };
 #define FIVE_BITS(format) ((format) == FORMAT_Q5 || (format) == FORMAT_K5)
-#define K_QUANT(format) ((format) >= FORMAT_K4)
+#define K_QUANT(format) ((format) == FORMAT_K4 || (format) == FORMAT_K5)
 #define Q4Q8_GROUP_BYTES(format) (FIVE_BITS(format) ? 320 : 256)
 
 /* q4q8_blocks and q5q8_blocks (Q4_1, Q5_1), q4kq8_blocks and q5kq8_blocks (K-quants) over the file's
@@ -195,13 +214,15 @@ enum { FORMAT_Q4, FORMAT_Q5, FORMAT_K4, FORMAT_K5 };
         const uint8_t *qb = (const uint8_t *)p->q + (long)nb * (in / 32) * Q4Q8_GROUP_BYTES(format); \
         const void *cb = K_QUANT(format) /* KQ_BYTES a super-block, or float16 d, m a group */  \
                              ? (const void *)((const uint8_t *)p->coef + (long)nb * (in / 256) * KQ_BYTES) \
-                             : (const void *)((const uint16_t *)p->coef + (long)nb * (in / 32) * 32); \
+                             : (const void *)((const uint16_t *)p->coef +                        \
+                                              (long)nb * (in / 32) * (format == FORMAT_Q40 ? 16 : 32)); \
         FOR_ROW_GROUPS(MAX_ROWS, p->rows, Q4Q8_CALL)                                             \
     }                                                                                            \
     INTERNAL void q4q8_blocks(void *ctx, int nb) { q4q8_format_blocks(ctx, nb, FORMAT_Q4); }     \
     INTERNAL void q5q8_blocks(void *ctx, int nb) { q4q8_format_blocks(ctx, nb, FORMAT_Q5); }     \
     INTERNAL void q4kq8_blocks(void *ctx, int nb) { q4q8_format_blocks(ctx, nb, FORMAT_K4); }    \
-    INTERNAL void q5kq8_blocks(void *ctx, int nb) { q4q8_format_blocks(ctx, nb, FORMAT_K5); }
+    INTERNAL void q5kq8_blocks(void *ctx, int nb) { q4q8_format_blocks(ctx, nb, FORMAT_K5); }    \
+    INTERNAL void q40q8_blocks(void *ctx, int nb) { q4q8_format_blocks(ctx, nb, FORMAT_Q40); }
 
 /* q8q8_rows(..., PARTS): PARTS scales a group of 32 inputs (1: q8q8's, 2: q6q8's, one a 16) */
 #define Q8Q8_CALL(r0, R) q8q8_rows(a, qb, sb, y, in, out, nb, r0, R, 1)
@@ -221,9 +242,27 @@ enum { FORMAT_Q4, FORMAT_Q5, FORMAT_K4, FORMAT_K5 };
         const q8_rows_t *a = p->extra;                                                           \
         const int in = p->in, out = p->out, rows = p->rows;                                      \
         const uint8_t *qb = (const uint8_t *)p->q + (long)nb * in * 16;                          \
-        const float *sb = (const float *)p->coef + (long)nb * (in / 16) * 16;                    \
+        const uint8_t *sb = (const uint8_t *)p->coef + (long)nb * (in / 256) * Q6K_BYTES;        \
         float *y = p->y;                                                                         \
         FOR_ROW_GROUPS(MAX_ROWS, rows, Q6Q8_CALL)                                                \
     }
+
+/* Q6_K's scales as the file factors them, per 16 outputs and super-block of 256 inputs Q6K_BYTES
+ * bytes: d [16] float16, then the int8 sc [16 groups][16 outputs] of its groups of 16 inputs; group
+ * j's scale d sc[j] is exact in float32 (11 by 8 bits). The row kernels compute each group's 16
+ * scales where they use them (q6k_d and q6k_sc: its super-block's bytes and its place there). */
+enum { Q6K_BYTES = 32 + 256 };
+static inline const uint8_t *q6k_block(const void *sb, int group16) {
+    return (const uint8_t *)sb + (long)(group16 / 16) * Q6K_BYTES;
+}
+static inline const int8_t *q6k_sc(const void *sb, int group16) { /* its 16 outputs' sc */
+    return (const int8_t *)(q6k_block(sb, group16) + 32 + (group16 % 16) * 16);
+}
+/* output o's scale of a group of 16 inputs (plain C) */
+static inline float q6k_scale(const void *sb, int group16, int o) {
+    uint16_t h;
+    memcpy(&h, q6k_block(sb, group16) + 2 * o, 2);
+    return half_to_float(h) * (float)q6k_sc(sb, group16)[o];
+}
 
 #endif

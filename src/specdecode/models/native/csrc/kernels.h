@@ -92,6 +92,9 @@ int q4q8_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y
  * high bits: common.h), coef as q4q8's */
 int q5q8_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y, int rows, int in, int out,
                 int threads);
+/* q4q8 for Q4_0's groups: q as q4q8's, coef [out / 16][in / 32][16] float16 (d alone: m = -8 d) */
+int q40q8_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y, int rows, int in, int out,
+                 int threads);
 /* q4q8 for Q4_K: q as q4q8's, coef [out / 16][in / 256][KQ_BYTES] (common.h: the file's d, dmin, 6-bit
  * scales and mins); in a multiple of 256 */
 int q4kq8_matmul(const float *x, const uint8_t *q, const uint8_t *coef, float *y, int rows, int in, int out,
@@ -106,9 +109,10 @@ int q8q8_matmul(const float *x, const uint8_t *q, const float *scales, float *y,
 int q4_matmul(const uint16_t *x, const uint8_t *q, const float *coef, uint16_t *y, int rows, int in, int out,
               int threads);
 
-/* Q6_K W (int8 q - 32 as q8q8's layout, a float32 scale d sc a 16 inputs) with x quantised to 8 bits:
- * scales [out / 16][in / 16][16] float32 */
-int q6q8_matmul(const float *x, const uint8_t *q, const float *scales, float *y, int rows, int in, int out,
+/* Q6_K W (int8 q - 32 as q8q8's layout, a scale d sc a 16 inputs) with x quantised to 8 bits: coef
+ * [out / 16][in / 256][288] bytes as the file factors the scales, d [16] float16 then sc [16 groups][16
+ * outputs] int8 (common.h's Q6K_BYTES); in a multiple of 256 */
+int q6q8_matmul(const float *x, const uint8_t *q, const uint8_t *coef, float *y, int rows, int in, int out,
                 int threads);
 
 /* ---- a decode forward (layers.c) --------------------------------------------------------------- */
@@ -120,7 +124,7 @@ int q6q8_matmul(const float *x, const uint8_t *q, const float *scales, float *y,
  * part's kind, q, coef and outputs, whose columns of y are its own in turn (coef unused). */
 #define PRODUCT_KINDS(X) \
     X(Q4F, q4f) X(Q4Q8, q4q8) X(Q4KQ8, q4kq8) X(Q8, q8) X(Q8Q8, q8q8) X(F32, f32) X(Q6Q8, q6q8) X(STACKED, stacked) \
-    X(Q5KQ8, q5kq8) X(Q5Q8, q5q8)
+    X(Q5KQ8, q5kq8) X(Q5Q8, q5q8) X(Q40Q8, q40q8)
 #define PRODUCT_ID(id, name) PRODUCT_##id,
 enum { PRODUCT_KINDS(PRODUCT_ID) PRODUCT_KIND_COUNT };
 

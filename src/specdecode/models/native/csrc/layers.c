@@ -54,6 +54,7 @@ static int product(int kind, const float *x, const void *q, const void *coef, fl
     case PRODUCT_Q4KQ8: return q4kq8_matmul(x, q, coef, y, rows, in, out, threads);
     case PRODUCT_Q5KQ8: return q5kq8_matmul(x, q, coef, y, rows, in, out, threads);
     case PRODUCT_Q5Q8: return q5q8_matmul(x, q, coef, y, rows, in, out, threads);
+    case PRODUCT_Q40Q8: return q40q8_matmul(x, q, coef, y, rows, in, out, threads);
     case PRODUCT_Q8: return q8_matmul(x, q, coef, y, rows, in, out, threads);
     case PRODUCT_Q8Q8: return q8q8_matmul(x, q, coef, y, rows, in, out, threads);
     case PRODUCT_Q6Q8: return q6q8_matmul(x, q, coef, y, rows, in, out, threads);

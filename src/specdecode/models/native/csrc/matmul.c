@@ -160,6 +160,12 @@ int q5q8_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y
     return int8_activation_product(q5q8_blocks, x, q, coef, y, rows, in, out, threads);
 }
 
+/* q4q8_matmul for Q4_0's groups: q as q4q8's, coef [out / 16][in / 32][16] float16 (d; m = -8 d) */
+int q40q8_matmul(const float *x, const uint8_t *q, const uint16_t *coef, float *y, int rows, int in, int out,
+                 int threads) {
+    return int8_activation_product(q40q8_blocks, x, q, coef, y, rows, in, out, threads);
+}
+
 /* q4q8_matmul for the K-quants' 4-bit groups, whose scale and minimum are products of a super-block's
  * and a group's own (Q4_K: d sc and -dmin m, exact in float32, not in float16), formed in the kernel
  * from the file's own fields (coef: common.h's KQ_BYTES layout). The same operations otherwise. */
@@ -187,10 +193,11 @@ int q8q8_matmul(const float *x, const uint8_t *q, const float *scales, float *y,
     return int8_activation_product(q8q8_blocks, x, q, scales, y, rows, in, out, threads);
 }
 
-/* q8q8_matmul with a scale a 16 inputs: scales [out / 16][in / 16][16] float32, q as q8q8's (int8
- * values + 128). The K-quants' Q6_K: w = d sc (q - 32) per 16 inputs, q - 32 in -32..31 and d sc exact
- * in float32. Each half group's integer sum S_k contributes fma(scale_k dx, S_k, acc), k = 0, 1. */
-int q6q8_matmul(const float *x, const uint8_t *q, const float *scales, float *y, int rows, int in, int out,
+/* q8q8_matmul with a scale a 16 inputs: coef as the Q6_K file factors the scales (common.h's
+ * Q6K_BYTES), q as q8q8's (int8 values + 128). The K-quants' Q6_K: w = d sc (q - 32) per 16 inputs, q -
+ * 32 in -32..31 and d sc exact in float32. Each half group's integer sum S_k contributes fma(scale_k
+ * dx, S_k, acc), k = 0, 1. */
+int q6q8_matmul(const float *x, const uint8_t *q, const uint8_t *coef, float *y, int rows, int in, int out,
                 int threads) {
-    return int8_activation_product(q6q8_blocks, x, q, scales, y, rows, in, out, threads);
+    return int8_activation_product(q6q8_blocks, x, q, coef, y, rows, in, out, threads);
 }

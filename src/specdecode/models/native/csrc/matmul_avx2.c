@@ -190,7 +190,10 @@ static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, 
         const uint8_t *kq = (const uint8_t *)cb + (long)(g / 8) * KQ_BYTES; /* K-quants: the super-block's */
         for (int h = 0; h < 2; h++) {
             __m256 d, m;
-            if (!K_QUANT(format)) {
+            if (format == FORMAT_Q40) { /* m = -8 d */
+                d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)cb + g * 16 + 8 * h)));
+                m = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+            } else if (!K_QUANT(format)) {
                 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)cb + g * 32 + 8 * h)));
                 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)cb + g * 32 + 16 + 8 * h)));
             } else {
@@ -216,7 +219,7 @@ DEFINE_Q4Q8_BLOCKS(4)
 /* AVX2 has no unsigned x signed product that cannot saturate here, so the weights are made signed
  * again and their signs moved onto the activations: vpmaddubsw(|w|, sign(xq, w)) pairs stay within
  * 2 x 127 x 127 and vpmaddwd sums them into int32. */
-static inline __attribute__((always_inline)) void q8q8_rows(const q8_rows_t *a, const uint8_t *qb, const float *sb,
+static inline __attribute__((always_inline)) void q8q8_rows(const q8_rows_t *a, const uint8_t *qb, const void *sb,
                                                             float *y, int in, int out, int nb, int r0, const int R,
                                                             const int parts) {
     const int groups = in / 32;
@@ -241,7 +244,10 @@ static inline __attribute__((always_inline)) void q8q8_rows(const q8_rows_t *a, 
                     }
                 }
             for (int h = 0; h < 2; h++) {
-                __m256 scale = _mm256_loadu_ps(sb + (g * parts + part) * 16 + 8 * h);
+                const int j = g * parts + part; /* q8q8: float32 scales; q6q8: Q6_K's d and sc (common.h) */
+                __m256 scale = parts == 1 ? _mm256_loadu_ps((const float *)sb + j * 16 + 8 * h)
+                    : _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(q6k_block(sb, j) + 16 * h))),
+                                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q6k_sc(sb, j) + 8 * h)))));
                 for (int r = 0; r < R; r++) {
                     const int at = (r0 + r) * groups + g;
                     acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(a->d[at])),

@@ -41,7 +41,10 @@ static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, 
             }
         }
         __m512 d, m;
-        if (!K_QUANT(format)) {
+        if (format == FORMAT_Q40) { /* m = -8 d */
+            d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)cb + g * 16)));
+            m = _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
+        } else if (!K_QUANT(format)) {
             d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)cb + g * 32)));
             m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)cb + g * 32 + 16)));
         } else { /* K-quants: the super-block's d and -dmin times the group's 6-bit sc and m */
@@ -65,7 +68,7 @@ DEFINE_Q4Q8_BLOCKS(8)
 
 /* R rows (1-8) of one 16-output block with AVX512-VNNI: vpdpbusd takes the weights' bytes (q + 128)
  * as its unsigned operand; the row's 128 sum(xq) is taken off the exact integer sums. */
-static inline __attribute__((always_inline)) void q8q8_rows(const q8_rows_t *a, const uint8_t *qb, const float *sb,
+static inline __attribute__((always_inline)) void q8q8_rows(const q8_rows_t *a, const uint8_t *qb, const void *sb,
                                                             float *y, int in, int out, int nb, int r0, const int R,
                                                             const int parts) {
     const int groups = in / 32;
@@ -85,7 +88,10 @@ static inline __attribute__((always_inline)) void q8q8_rows(const q8_rows_t *a, 
                     S[r] = _mm512_dpbusd_epi32(S[r], w, _mm512_set1_epi32(chunk));
                 }
             }
-            __m512 scale = _mm512_loadu_ps(sb + (g * parts + part) * 16);
+            const int j = g * parts + part; /* q8q8: float32 scales; q6q8: Q6_K's d and sc (common.h) */
+            __m512 scale = parts == 1 ? _mm512_loadu_ps((const float *)sb + j * 16)
+                : _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)q6k_block(sb, j))),
+                                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q6k_sc(sb, j)))));
             for (int r = 0; r < R; r++) {
                 const int at = (r0 + r) * groups + g;
                 const int32_t xsum = parts == 1 ? a->sum[at] : a->half_sum[2 * at + part];

@@ -7,24 +7,6 @@
  */
 #include "common.h"
 
-#if FLOAT_PRODUCTS_GENERIC || INT8_PRODUCTS_GENERIC
-/* The coefficients' float16 (d and m of q4f and q4q8) as float32. */
-static inline float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff, bits;
-    if (exponent == 0) { /* zero or subnormal: mantissa 2^-24 */
-        float f = (float)mantissa * (1.0f / 16777216.0f);
-        memcpy(&bits, &f, sizeof bits);
-        bits |= sign;
-    } else if (exponent == 31) {
-        bits = sign | 0x7f800000u | mantissa << 13;
-    } else {
-        bits = sign | (exponent + 112) << 23 | mantissa << 13;
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-#endif
 
 #if FLOAT_PRODUCTS_GENERIC
 /* ---- vector types and helpers ----------------------------------------------------------------- */
@@ -219,7 +201,10 @@ static void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const void *cb, flo
             const uint8_t *kq = (const uint8_t *)cb + (long)(g / 8) * KQ_BYTES; /* K-quants: the super-block's */
             for (int o = 0; o < 16; o++) {
                 float d, m;
-                if (!K_QUANT(format)) {
+                if (format == FORMAT_Q40) { /* m = -8 d */
+                    d = half_to_float(((const uint16_t *)cb)[g * 16 + o]);
+                    m = -8.0f * d;
+                } else if (!K_QUANT(format)) {
                     d = half_to_float(((const uint16_t *)cb)[g * 32 + o]);
                     m = half_to_float(((const uint16_t *)cb)[g * 32 + 16 + o]);
                 } else {
@@ -236,7 +221,7 @@ static void q4q8_rows(const q8_rows_t *a, const uint8_t *qb, const void *cb, flo
 }
 DEFINE_Q4Q8_BLOCKS(1)
 
-static void q8q8_rows(const q8_rows_t *a, const uint8_t *qb, const float *sb, float *y, int in, int out, int nb,
+static void q8q8_rows(const q8_rows_t *a, const uint8_t *qb, const void *sb, float *y, int in, int out, int nb,
                       int r0, const int R, const int parts) {
     const int groups = in / 32;
     for (int r = r0; r < r0 + R; r++) {
@@ -250,7 +235,11 @@ static void q8q8_rows(const q8_rows_t *a, const uint8_t *qb, const float *sb, fl
                 for (int c = part * 8 / parts; c < (part + 1) * 8 / parts; c++)
                     for (int o = 0; o < 16; o++)
                         for (int j = 0; j < 4; j++) S[o] += (grp[c * 64 + 4 * o + j] - 128) * xg[4 * c + j];
-                for (int o = 0; o < 16; o++) acc[o] = fmaf(sb[(g * parts + part) * 16 + o] * dx, (float)S[o], acc[o]);
+                const int j = g * parts + part; /* q8q8: float32 scales; q6q8: Q6_K's d and sc (common.h) */
+                for (int o = 0; o < 16; o++) {
+                    const float scale = parts == 1 ? ((const float *)sb)[j * 16 + o] : q6k_scale(sb, j, o);
+                    acc[o] = fmaf(scale * dx, (float)S[o], acc[o]);
+                }
             }
         }
         memcpy(y + (long)r * out + (long)nb * 16, acc, sizeof acc);

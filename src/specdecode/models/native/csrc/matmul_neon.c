@@ -53,7 +53,10 @@ static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, 
         }
         for (int k = 0; k < 4; k++) { /* outputs 4k..4k+3 */
             float32x4_t d, m;
-            if (!K_QUANT(format)) {
+            if (format == FORMAT_Q40) { /* m = -8 d */
+                d = load_half4((const uint16_t *)cb + g * 16 + 4 * k);
+                m = vmulq_n_f32(d, -8.0f);
+            } else if (!K_QUANT(format)) {
                 d = load_half4((const uint16_t *)cb + g * 32 + 4 * k);
                 m = load_half4((const uint16_t *)cb + g * 32 + 16 + 4 * k);
             } else { /* K-quants: the super-block's d and -dmin times the group's 6-bit sc and m */
@@ -75,7 +78,7 @@ static inline __attribute__((always_inline)) void q4q8_rows(const q8_rows_t *a, 
 DEFINE_Q4Q8_BLOCKS(4)
 
 /* NEON sdot: the weights' bytes (q + 128) made signed again by flipping their top bit. */
-static inline __attribute__((always_inline)) void q8q8_rows(const q8_rows_t *a, const uint8_t *qb, const float *sb,
+static inline __attribute__((always_inline)) void q8q8_rows(const q8_rows_t *a, const uint8_t *qb, const void *sb,
                                                             float *y, int in, int out, int nb, int r0, const int R,
                                                             const int parts) {
     const int groups = in / 32;
@@ -101,8 +104,16 @@ static inline __attribute__((always_inline)) void q8q8_rows(const q8_rows_t *a, 
                     for (int k = 0; k < 4; k++) S[r][k] = vdotq_s32(S[r][k], w[k], xb);
                 }
             }
+            const int j = g * parts + part; /* q8q8: float32 scales; q6q8: Q6_K's d and sc (common.h) */
             for (int k = 0; k < 4; k++) {
-                float32x4_t scale = vld1q_f32(sb + (g * parts + part) * 16 + 4 * k);
+                float32x4_t scale;
+                if (parts == 1) {
+                    scale = vld1q_f32((const float *)sb + j * 16 + 4 * k);
+                } else {
+                    int16x8_t sc = vmovl_s8(vld1_s8(q6k_sc(sb, j) + 8 * (k / 2)));
+                    scale = vmulq_f32(load_half4((const uint16_t *)q6k_block(sb, j) + 4 * k),
+                                      vcvtq_f32_s32(vmovl_s16(k % 2 ? vget_high_s16(sc) : vget_low_s16(sc))));
+                }
                 for (int r = 0; r < R; r++) {
                     const int at = (r0 + r) * groups + g;
                     acc[r][k] = vfmaq_f32(acc[r][k], vmulq_f32(scale, vdupq_n_f32(a->d[at])), vcvtq_f32_s32(S[r][k]));
