@@ -87,3 +87,55 @@ def test_greedy_output_under_each_control_is_the_same_with_and_without_speculati
     unpenalised = [t for s in autoregressive_decode(world.target, prompt, params=SamplingParams(temperature=0),
                                                    max_new_tokens=20) for t in s.tokens]
     assert plain != unpenalised  # the control changes the output: the comparison is not vacuous
+
+
+class _VaryingGuesser:
+    """A deterministic drafter whose guesses' length depends on the context (1..gamma tokens)."""
+
+    vocab, proposes_trees, samples_trees = None, False, False
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size, self.lengths = vocab_size, []
+
+    def reset(self, params, generator): pass
+    def begin(self, prompt): pass
+    def attach(self, cache): pass
+    def source(self, context): return None
+    def accept(self, num_accepted): pass
+
+    def propose(self, context, gamma):
+        from specdecode.drafters.base import Draft
+
+        n = min(gamma, sum(context) % 4 + 1)
+        self.lengths.append(n)
+        return Draft(torch.tensor([[(sum(context) + 3 * i) % self.vocab_size for i in range(n)]]))
+
+
+def test_llama_servers_n_max_and_n_min_cap_and_drop_drafts_without_changing_greedy_output():
+    world = toy_world()
+    prompt, params = [0, 1, 2], SamplingParams(temperature=0)
+    plain = [t for s in autoregressive_decode(world.target, prompt, params=params, max_new_tokens=20) for t in s.tokens]
+    for max_draft, min_draft in ((None, 0), (2, 0), (0, 0), (None, 3)):
+        guesser = _VaryingGuesser(world.target.vocab_size)
+        steps = list(speculative_decode(world.target, guesser, prompt, gamma=4, params=params, max_new_tokens=20,
+                                        max_draft=max_draft, min_draft=min_draft))
+        assert [t for s in steps for t in s.tokens] == plain
+        verified = [len(s.proposed) for s in steps if s.proposed]
+        if max_draft == 0:
+            assert not verified and not guesser.lengths  # never asked to draft
+        elif max_draft == 2:
+            assert verified and max(verified) <= 2
+        elif min_draft == 3:
+            assert verified and min(verified) >= 3 and min(guesser.lengths) < 3  # short ones were dropped
+    with pytest.raises(ValueError, match="max_draft"):
+        Decoding(world.target, _VaryingGuesser(8), prompt, gamma=4, max_draft=-1)
+
+
+@pytest.mark.statistical
+def test_dropping_short_deterministic_drafts_keeps_sampling_exact():
+    """n_min's choice depends on the context alone (a deterministic draft): the output is still the
+    target's distribution over whole sequences, with the draft length capped too."""
+    world = toy_world()
+    guesser = _VaryingGuesser(world.target.vocab_size)
+    assert whole_sequence_pvalue(guesser, world.target, 4, SamplingParams(temperature=0.9), min_draft=3,
+                                 max_draft=3) > 1e-3

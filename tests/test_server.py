@@ -916,3 +916,40 @@ def test_auto_streams_text_as_text_and_a_call_as_a_call(client):
             assert chunks[-1].finish_reason == "tool_calls" and json.loads(calls[0].function.arguments)
         else:
             assert chunks[-1].finish_reason in ("stop", "length")
+
+
+def test_llama_servers_speculative_fields_cap_and_turn_off_the_draft_per_request(client, server):
+    """speculative.n_max caps every call's draft (0: none), as an object or llama-server's flat keys;
+    the greedy text stays the same; bad values are 400s naming the field."""
+    ask = chat("Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat.",
+               max_tokens=32, specdecode={"gamma": 8})
+    status, free, _ = post(server[0], "/v1/chat/completions", ask)
+    status_off, off, _ = post(server[0], "/v1/chat/completions", {**ask, "speculative": {"n_max": 0}})
+    status_two, two, _ = post(server[0], "/v1/chat/completions", {**ask, "speculative.n_max": 2, "speculative.n_min": 1})
+    assert status == status_off == status_two == 200
+    assert off["usage"]["speculative"]["draft_tokens"] == 0 and off["timings"]["draft_n"] == 0
+    capped = two["usage"]["speculative"]
+    assert 0 < capped["draft_tokens"] <= 2 * capped["num_drafts"] and len(capped["accepted_per_position"]) == 2
+    assert free["usage"]["speculative"]["draft_tokens"] > 2 * free["usage"]["speculative"]["num_drafts"]
+    texts = {r["choices"][0]["message"]["content"] for r in (free, off, two)}
+    assert len(texts) == 1
+    for body, param in (({"speculative": {"n_max": -1}}, "speculative.n_max"),
+                        ({"speculative": {"p_min": 1.5}}, "speculative.p_min"),
+                        ({"speculative": {"depth": 3}}, "speculative.depth"),
+                        ({"speculative": 3}, "speculative")):
+        status, error, _ = post(server[0], "/v1/chat/completions", {**ask, **body})
+        assert status == 400 and error["error"]["param"] == param, (body, error)
+
+
+def test_best_of_returns_the_choice_with_the_highest_mean_log_probability_and_counts_every_choice(client):
+    ask = dict(model=MODEL, prompt="A short story about a fox:", temperature=1.0, max_tokens=12, seed=11,
+               extra_body={"specdecode": {"gamma": 0}})
+    both = client.completions.create(**ask, n=2, logprobs=0)
+    means = [sum(c.logprobs.token_logprobs) / len(c.logprobs.token_logprobs) for c in both.choices]
+    best = client.completions.create(**ask, best_of=2)
+    assert len(best.choices) == 1 and best.choices[0].logprobs is None
+    assert best.choices[0].text == both.choices[means.index(max(means))].text
+    assert best.usage.completion_tokens == both.usage.completion_tokens  # every choice decoded counts
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(**ask, best_of=2, stream=True)
+    assert refused.value.response.json()["error"]["param"] == "best_of"

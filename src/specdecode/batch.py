@@ -53,6 +53,8 @@ class BatchRequest:
     stop: tuple[str, ...]
     logprobs: int | None = None  # alternatives each token's log-probability lists (None: none)
     constraint: Constraint | None = None  # a grammar the output follows (`grammar.Constraint`)
+    max_draft: int | None = None  # the longest draft it verifies (`Decoding`; 0: none)
+    min_draft: int = 0  # deterministic drafts shorter than this are not verified
     id: int = 0
     stats: Stats = field(default_factory=Stats)
     text: str = ""  # the text handed out so far
@@ -102,10 +104,13 @@ class Batch:
     def submit(self, prompt_ids: Sequence[int], drafter: Drafter | None = None, *, gamma: int | str = AUTO,
                params: SamplingParams = SamplingParams(), max_new_tokens: int = 128, lenience: float = 1.0,
                seed: int | None = None, stop: Sequence[str] = (), stats: Stats | None = None,
-               logprobs: int | None = None, grammar: Grammar | None = None) -> BatchRequest:
+               logprobs: int | None = None, grammar: Grammar | None = None, max_draft: int | None = None,
+               min_draft: int = 0) -> BatchRequest:
         """Queue a request (plain decoding when `drafter` is None); bad settings raise ValueError here
         (a grammar that does not compile: `grammar.GrammarError`). `stats`: filled in as the request
-        decodes (a fresh one by default); `grammar`: what the output follows (`grammar.Grammar`)."""
+        decodes (a fresh one by default); `grammar`: what the output follows (`grammar.Grammar`);
+        `max_draft`, `min_draft`: the longest draft it verifies and the shortest deterministic one
+        (`Decoding`)."""
         prompt_ids = list(prompt_ids)
         check_request(self.target, prompt_ids, max_new_tokens)
         check_lenience(lenience)
@@ -115,7 +120,7 @@ class Batch:
             as_policy(gamma)  # checks it
         request = BatchRequest(prompt_ids, drafter, gamma, params, max_new_tokens, lenience, seed,
                                check_stop(stop), check_logprobs(logprobs), constraint_for(grammar, self.target),
-                               id=next(self._ids),
+                               max_draft, min_draft, id=next(self._ids),
                                stats=Stats() if stats is None else stats)
         request.started = self.clock()
         self.waiting.append(request)
@@ -171,7 +176,8 @@ class Batch:
             cache = request_cache(self.target, len(r.prompt_ids) + r.max_new_tokens)
             r.decoding = Decoding(self.target, r.drafter, r.prompt_ids, gamma=self._policy(r.gamma), params=r.params,
                                   max_new_tokens=r.max_new_tokens, lenience=r.lenience, seed=r.seed, cache=cache,
-                                  clock=self.clock, logprobs=r.logprobs, constraint=r.constraint)
+                                  clock=self.clock, logprobs=r.logprobs, constraint=r.constraint,
+                                  max_draft=r.max_draft, min_draft=r.min_draft)
             if self.prefixes is not None:  # a shared prefix of the prompt, computed once already
                 self.prefixes.fill(r.prompt_ids, cache)
         except Exception as err:  # noqa: BLE001  (a request that cannot start fails alone)

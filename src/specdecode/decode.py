@@ -139,6 +139,8 @@ def speculative_decode(
     clock: Callable[[], float] = time.perf_counter,
     logprobs: int | None = None,
     constraint: Constraint | None = None,
+    max_draft: int | None = None,
+    min_draft: int = 0,
 ) -> Iterator[Step]:
     """Speculative decoding (Algorithm 1): each iteration drafts up to gamma tokens and verifies
     them in one target call, yielding 1..gamma+1 tokens distributed exactly as the target's own
@@ -147,10 +149,12 @@ def speculative_decode(
     measured verification cost, so speculation turns itself down where verifying is costly. `clock`
     times the drafting and the target calls that the policy learns from (tests pass a simulated one).
     `logprobs`: each step carries its tokens' log-probabilities with that many alternatives (None:
-    none; see `TokenLogprob`). `constraint`: a grammar the output follows (`grammar.Constraint`)."""
+    none; see `TokenLogprob`). `constraint`: a grammar the output follows (`grammar.Constraint`).
+    `max_draft`, `min_draft`: the longest draft verified and the shortest deterministic one (`Decoding`)."""
     decoding = Decoding(target, drafter, prompt, gamma=gamma, params=params, max_new_tokens=max_new_tokens,
                         lenience=lenience, seed=seed, generator=generator, eos_token_ids=eos_token_ids,
-                        clock=clock, logprobs=logprobs, constraint=constraint)
+                        clock=clock, logprobs=logprobs, constraint=constraint, max_draft=max_draft,
+                        min_draft=min_draft)
     while True:
         call = decoding.prepare()
         logits = forward_batch(target, [call])[0]
@@ -174,14 +178,23 @@ class Decoding:
                  max_new_tokens: int = 128, lenience: float = 1.0, seed: int | None = None,
                  generator: torch.Generator | None = None, eos_token_ids: Sequence[int] | None = None,
                  cache=None, clock: Callable[[], float] = time.perf_counter, logprobs: int | None = None,
-                 constraint: Constraint | None = None) -> None:
+                 constraint: Constraint | None = None, max_draft: int | None = None, min_draft: int = 0) -> None:
         """`cache`: the target cache to decode in (a new one by default); it may already hold a prefix
         of the prompt, computed exactly as this prompt's own (`prefix.PrefixCache`). `clock`: seconds,
         for the step timings the gamma policy learns from. `logprobs`: each Step carries its tokens'
         log-probabilities with that many alternatives (0..MAX_TOP_LOGPROBS; None: none). `constraint`: a
         grammar's matcher (`grammar.Constraint`): each verified row is the target's distribution restricted
-        to what the grammar allows after that row's prefix, and the tokens it forces are emitted unsampled."""
+        to what the grammar allows after that row's prefix, and the tokens it forces are emitted unsampled.
+        `max_draft`: the longest draft any call verifies, whatever the policy plans (llama-server's
+        speculative.n_max; 0: none); `min_draft`: a deterministic draft shorter than this is not verified
+        (its n_min; the choice depends on the context alone, so the output stays exact: a sampled draft
+        is verified whatever its length, since dropping it by its drawn length would bias q)."""
         check_request(target, prompt, max_new_tokens)
+        if max_draft is not None and (isinstance(max_draft, bool) or not isinstance(max_draft, int) or max_draft < 0):
+            raise ValueError(f"max_draft must be an integer >= 0 or None, got {max_draft!r}")
+        if isinstance(min_draft, bool) or not isinstance(min_draft, int) or min_draft < 0:
+            raise ValueError(f"min_draft must be an integer >= 0, got {min_draft!r}")
+        self.max_draft, self.min_draft = max_draft, min_draft
         self.logprobs = check_logprobs(logprobs)
         self.constraint = constraint
         self.force = logprobs is None  # forced tokens emitted unsampled; with logprobs, sampled to be scored
@@ -215,9 +228,10 @@ class Decoding:
     @property
     def room(self) -> int:
         """Draft tokens the next iteration may verify: never past the length limit or the context window
-        (those tokens would be thrown away)."""
+        (those tokens would be thrown away), nor `max_draft`."""
         room = self.max_new_tokens - self.emitted - 1
-        return min(room, self.limit - len(self.context) - 1) if self.limit else room
+        room = min(room, self.limit - len(self.context) - 1) if self.limit else room
+        return room if self.max_draft is None else min(room, self.max_draft)
 
     def plan_policy(self) -> GammaPolicy:
         """The policy that plans the next call. A drafter that switches between sources (prompt
@@ -278,6 +292,8 @@ class Decoding:
         elif sized and draft.reach is not None:
             draft = draft.prefix(policy.tree_size(draft.reach, room))
             draft = draft if draft.gamma else NO_DRAFT
+        if draft.probs is None and 0 < draft.gamma < self.min_draft:  # too short to verify (deterministic only)
+            draft = NO_DRAFT
         forecast = policy.forecast if not prefill and gamma is None else None
         if forecast is not None and not draft.gamma:  # the drafter found nothing to propose: a plain step
             forecast = (1.0, 1.0)
@@ -383,6 +399,8 @@ def autoregressive_decode(
     eos_token_ids: Sequence[int] | None = None,
     logprobs: int | None = None,
     constraint: Constraint | None = None,
+    max_draft: int | None = None,
+    min_draft: int = 0,
 ) -> Iterator[Step]:
     """The baseline: one target call per sampled token, through the same model interface (`logprobs`
     and `constraint` as for `speculative_decode`: a grammar's forced tokens are fed with the next call)."""

@@ -245,11 +245,13 @@ def toy_world(eos: Sequence[int] = ()) -> ToyWorld:
 
 
 def whole_sequence_pvalue(drafter, target: ToyModel, gamma: int, params: SamplingParams, samples: int = 2_000,
-                          seed: int = 0, eos: Sequence[int] = (), length: int = LENGTH, grammar=None) -> float:
+                          seed: int = 0, eos: Sequence[int] = (), length: int = LENGTH, grammar=None,
+                          **options) -> float:
     """Draw `samples` whole sequences of `length` new tokens after PROMPT through
     `decode.speculative_decode` with `drafter` (one drafter for all: state it keeps between
     generations is part of what is checked) and return the chi-square p-value against the target's
-    exactly enumerated distribution (under `grammar`, a `grammar.Grammar`, where given)."""
+    exactly enumerated distribution (under `grammar`, a `grammar.Grammar`, where given). `options`
+    go to `speculative_decode` (max_draft, min_draft)."""
     from .decode import speculative_decode
     from .grammar import constraint_for
 
@@ -258,7 +260,7 @@ def whole_sequence_pvalue(drafter, target: ToyModel, gamma: int, params: Samplin
     for _ in range(samples):
         seq: list[int] = []
         for step in speculative_decode(target, drafter, PROMPT, gamma=gamma, params=params, max_new_tokens=length,
-                                       generator=gen, constraint=constraint_for(grammar, target)):
+                                       generator=gen, constraint=constraint_for(grammar, target), **options):
             if not 1 <= len(step.tokens) - step.forced <= gamma + 1:
                 raise RuntimeError(f"an iteration emitted {len(step.tokens)} tokens with gamma {gamma}")
             seq += step.tokens
@@ -369,6 +371,13 @@ def stand_in(drafter, world: ToyWorld, user_spec: str | None = None):
         return NgramDrafter(world.target.vocab, order=drafter.order, online=True, trees=drafter.proposes_trees)
     if isinstance(drafter, SuffixDrafter):
         return SuffixDrafter(SuffixCache(depth=4, max_nodes=30), trees=True)
+    from .drafters.auto import AutoDrafter
+    from .drafters.pool import NgramPool, PoolDrafter
+
+    if isinstance(drafter, PoolDrafter):  # a small pool of short n-grams: the toy's sequences are short
+        return PoolDrafter(NgramPool(1 << 8, orders=(2, 1)), trees=True)
+    if isinstance(drafter, AutoDrafter):
+        return AutoDrafter(NgramPool(1 << 8, orders=(2, 1)), sources=drafter.sources, budget=4, trees=True)
     if isinstance(drafter, PromptLookupDrafter):
         return PromptLookupDrafter()
     raise ValueError(f"no toy stand-in for {type(drafter).__name__}: check it as module:Name")

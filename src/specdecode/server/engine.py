@@ -159,7 +159,7 @@ class Engine:
             r = self._batch.submit(job.prompt_ids, drafter, gamma=self.gamma if request.gamma is None else request.gamma,
                                    params=request.params, max_new_tokens=request.max_tokens, lenience=request.lenience,
                                    seed=request.seed, stop=request.stop, stats=job.stats, logprobs=request.logprobs,
-                                   grammar=request.grammar)
+                                   grammar=request.grammar, max_draft=request.n_max, min_draft=request.n_min)
         except Exception as err:  # a request that cannot start fails alone
             job.emit("error", f"generation failed: {type(err).__name__}: {err}")
             self._end(None, job)

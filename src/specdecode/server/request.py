@@ -5,7 +5,15 @@ under the `specdecode` extension object.
      "top_p": 1, "stop": ["\\n\\n"], "seed": 1, "stream": true, "n": 1,
      "response_format": {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}},
      "specdecode": {"draft": "lookup", "gamma": 4 | "auto", "top_k": 0, "lenience": 1.0,
-                    "grammar": "<a Lark grammar>" | "regex": "<a pattern>", "trace": true}}
+                    "grammar": "<a Lark grammar>" | "regex": "<a pattern>", "trace": true},
+     "speculative": {"n_max": 16, "n_min": 0, "p_min": 0.75}}
+
+`speculative` is llama-server's per-request speculation (also taken as its flat keys
+`speculative.n_max`, ...): n_max caps the draft length (0: no speculation for the request), n_min
+drops deterministic drafts shorter than it (a sampled one is verified whatever its length: dropping
+it by its drawn length would bias q), p_min is the confidence below which a draft model stops.
+Completions take OpenAI's `best_of`: that many choices sampled (at least n), the n with the highest
+mean token log-probability returned.
 
 `trace` (opt-in; the reply is OpenAI's without it): each target call's tokens, as Figure 1 of
 Leviathan et al. shows them, under a `specdecode` field of each streamed chunk (of the body without
@@ -47,21 +55,25 @@ NEUTRAL = {
     "store": (lambda v: v is False, "false"),
     "modalities": (lambda v: v == ["text"], '["text"]'),
     "suffix": (lambda v: v == "", '""'),
-    "best_of": (lambda v: v == 1 and not isinstance(v, bool), "1"),
     "audio": (lambda v: False, "null"),
     "prediction": (lambda v: False, "null"),
     "reasoning_effort": (lambda v: False, "null"),
 }
+# ... for one kind of request only: chat has no best_of (completions honour it)
+NEUTRAL_BY_KIND = {"chat": {"best_of": (lambda v: v == 1 and not isinstance(v, bool), "1")}, "completion": {}}
+# llama-server's per-request speculation (`_speculative`), as an object or its flat dotted keys
+SPECULATIVE = ("n_max", "n_min", "p_min")
 # Fields that change nothing here, checked for their type only.
 HARMLESS = {"user": (str, "a string"), "metadata": (dict, "an object"), "parallel_tool_calls": (bool, "a boolean"),
             "service_tier": (str, "a string"), "prompt_cache_key": (str, "a string"),
             "safety_identifier": (str, "a string")}
 # the sampling controls that reshape the target's distribution at each position (`SamplingParams`)
 CONTROLS = {"presence_penalty", "frequency_penalty", "repetition_penalty", "repeat_penalty", "min_p", "logit_bias"}
-COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "stream", "stream_options", "n",
-          "logprobs", "response_format", EXTENSION} | set(NEUTRAL) | set(HARMLESS) | CONTROLS
-FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice"},
-          "completion": COMMON | {"prompt", "echo"}}
+COMMON = ({"model", "max_tokens", "temperature", "top_p", "stop", "seed", "stream", "stream_options", "n",
+           "logprobs", "response_format", EXTENSION, "speculative"} | {f"speculative.{n}" for n in SPECULATIVE}
+          | set(NEUTRAL) | set(HARMLESS) | CONTROLS)
+FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "best_of"},
+          "completion": COMMON | {"prompt", "echo", "best_of"}}
 EXTENSION_FIELDS = {"draft", "gamma", "top_k", "lenience", "grammar", "regex", "trace"}
 
 
@@ -109,6 +121,10 @@ class Request:
     grammar: Grammar | None = None  # what the output must follow: a response_format's schema, or the extension's
     tools: Any = None  # chat: the functions the model may call (`tools.Tools`), None without
     trace: bool = False  # the extension's `trace`: each target call's tokens in the reply (`trace.py`)
+    n_max: int | None = None  # speculative.n_max: the longest draft (0: no speculation); None: the server's
+    n_min: int = 0  # speculative.n_min: deterministic drafts shorter than this are not verified
+    p_min: float | None = None  # speculative.p_min: a draft model stops below this top probability
+    best_of: int = 1  # completions: choices sampled, of which the n best (mean token log-probability) return
 
 
 MAX_DEPTH = 64  # how deep a body's arrays and objects may nest (Python's parser recurses, ~1,000 at most)
@@ -408,6 +424,33 @@ def _extension(body: dict, limits: Limits) -> dict:
     return out
 
 
+def _speculative(body: dict, limits: Limits) -> dict:
+    """llama-server's per-request speculation: `speculative` {n_max, n_min, p_min} or the flat keys
+    `speculative.n_max`, ... (a flat key wins). n_max above the server's --max-gamma is capped there,
+    and n_min at n_max, as llama-server caps them."""
+    nested = body.get("speculative")
+    if nested is not None and not isinstance(nested, dict):
+        raise _bad("'speculative' must be an object with n_max, n_min and p_min", "speculative", "invalid_type")
+    fields = {k: v for k, v in (nested or {}).items() if v is not None}
+    unknown = set(fields) - set(SPECULATIVE)
+    if unknown:
+        raise _bad(f"unknown field(s) in 'speculative': {', '.join(sorted(unknown))}; known: "
+                   f"{', '.join(SPECULATIVE)}", f"speculative.{sorted(unknown)[0]}", "unknown_parameter")
+    fields |= {n: body[f"speculative.{n}"] for n in SPECULATIVE if body.get(f"speculative.{n}") is not None}
+    out = {}
+    if "n_max" in fields:
+        out["n_max"] = min(_integer(fields["n_max"], "speculative.n_max", 0, None), limits.max_gamma)
+    if "n_min" in fields:  # at most n_max, as llama-server clamps it
+        out["n_min"] = min(_integer(fields["n_min"], "speculative.n_min", 0, None), out.get("n_max", limits.max_gamma))
+    if "p_min" in fields:
+        p_min = fields["p_min"]
+        if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not 0 <= p_min < 1:
+            raise _bad(f"'speculative.p_min' must be a number in [0, 1), got {p_min!r}", "speculative.p_min",
+                       "invalid_value")
+        out["p_min"] = float(p_min)
+    return out
+
+
 def _grammar(build, source, param: str) -> Grammar:
     try:
         return build(source)
@@ -463,7 +506,7 @@ def _only(body: Any, fields: set[str], list_them: bool = True) -> dict:
 def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
     """A decoded JSON body -> a validated `Request` (or a `RequestError`)."""
     body = _only(body, FIELDS[kind], list_them=False)
-    for name, (neutral, accepted) in NEUTRAL.items():
+    for name, (neutral, accepted) in (NEUTRAL | NEUTRAL_BY_KIND[kind]).items():
         if body.get(name) is not None and not neutral(body[name]):
             raise _bad(f"'{name}' = {json.dumps(body[name])[:80]} is not supported by this server; it accepts only "
                        f"{accepted} (or leaving it out)", name, "unsupported_value")
@@ -501,6 +544,12 @@ def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
         raise _bad("several prompts are served without 'stream' only", "prompt", "unsupported_value")
     if n > 1 and (stream or len(prompts) > 1):
         raise _bad(f"n = {n} choices are served for one prompt and without 'stream' only", "n", "unsupported_value")
+    best_of = n
+    if kind == "completion" and body.get("best_of") is not None:
+        best_of = max(_integer(body["best_of"], "best_of", 1, limits.max_prompts), n)  # below n: the n asked for
+        if best_of > 1 and (stream or len(prompts) > 1):
+            raise _bad(f"best_of = {best_of} is served for one prompt and without 'stream' only", "best_of",
+                       "unsupported_value")
     from .tools import ToolsError, parse_tools
 
     try:
@@ -524,7 +573,7 @@ def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
         stop=_stop(body), seed=seed, stream=stream, include_usage=stream and include_usage,
         draft=ext.get("draft"), gamma=ext.get("gamma"), lenience=ext.get("lenience", 1.0),
         logprobs=logprobs, echo=_echo(body, stream), n=n, grammar=grammar, tools=tools,
-        trace=ext.get("trace", False),
+        trace=ext.get("trace", False), best_of=best_of, **_speculative(body, limits),
     )
 
 

@@ -44,6 +44,18 @@ def _below(n: int) -> str:
     return "^(" + "|".join(alternatives + [top]) + ")$"
 
 
+def _speculative() -> dict:
+    """llama-server's per-request speculation, as an object and as its flat dotted keys."""
+    fields = {"n_max": _nullable({"type": "integer", "minimum": 0, "description": "the longest draft (0: none; "
+                                  "capped at the server's --max-gamma)"}),
+              "n_min": _nullable({"type": "integer", "minimum": 0, "description": "deterministic drafts shorter "
+                                  "than this are not verified (capped at n_max)"}),
+              "p_min": _nullable({"type": "number", "minimum": 0, "exclusiveMaximum": 1, "description": "a draft "
+                                  "model stops below this top probability"})}
+    return {"speculative": _nullable({"type": "object", "additionalProperties": False, "properties": fields}),
+            **{f"speculative.{name}": schema for name, schema in fields.items()}}
+
+
 def _common(limits: Limits, names: list[str], drafts: list[str], vocab: int) -> dict:
     """The fields chat and completions requests share (`names`: the model ids the server answers to;
     `drafts`: the drafters a request may name)."""
@@ -64,6 +76,7 @@ def _common(limits: Limits, names: list[str], drafts: list[str], vocab: int) -> 
         "min_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
         "logit_bias": _nullable({"type": "object", "propertyNames": {"pattern": _below(vocab)},
                                  "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}}),
+        **_speculative(),
         EXTENSION: _nullable({"type": "object", "additionalProperties": False, "properties": {
             "draft": _nullable({"enum": list(drafts)}),
             "gamma": _nullable({"anyOf": [{"type": "integer", "minimum": 0, "maximum": limits.max_gamma},
@@ -107,8 +120,15 @@ def completion_body(limits: Limits, names: list[str], drafts: list[str], vocab: 
         "prompt": {"anyOf": [one, {"type": "array", "minItems": 1, "maxItems": limits.max_prompts, "items": one}]},
         "logprobs": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS}, {"type": "null"}]},
         "echo": {"anyOf": [{"type": "boolean"}, {"type": "null"}]},
+        "best_of": _nullable({"type": "integer", "minimum": 1, "maximum": limits.max_prompts,
+                              "description": "choices sampled, of which the n with the highest mean token "
+                                             "log-probability return (n where below it; one prompt, no stream)"}),
     }, "not": ONE_REPETITION_NAME, "allOf": [
         STREAMED_ONE_CHOICE,
+        {"if": {"required": ["stream"], "properties": {"stream": {"const": True}}},  # best_of: no stream
+         "then": {"properties": {"best_of": ONE}}},
+        {"if": {"required": ["prompt"], "properties": {"prompt": SEVERAL}},  # nor several prompts
+         "then": {"properties": {"best_of": ONE}}},
         {"if": {"required": ["stream"], "properties": {"stream": {"const": True}}},  # a stream: no echo, one prompt
          "then": {"properties": {"echo": {"not": {"const": True}}, "prompt": {"not": SEVERAL}}}},
         {"if": {"required": ["prompt"], "properties": {"prompt": SEVERAL}},  # several prompts: one choice each

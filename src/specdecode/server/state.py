@@ -154,8 +154,9 @@ class ServerState:
     def usage(self, job: Job) -> dict:
         req, engine = job.request, self.engine
         gamma = engine.gamma if req.gamma is None else req.gamma
+        positions = engine.max_gamma if gamma == "auto" else gamma
         return _usage(len(job.prompt_ids), job.stats, req.draft or engine.default_draft, gamma,
-                      engine.max_gamma if gamma == "auto" else gamma)
+                      positions if req.n_max is None else min(positions, req.n_max))
 
     @staticmethod
     def timings(job: Job) -> dict:

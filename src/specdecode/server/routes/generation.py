@@ -44,8 +44,11 @@ async def submit(state: ServerState, request: HTTPRequest, kind: str) -> tuple[R
     per choice where it asks for n (all queued, or none: a refusal withdraws the ones already queued)."""
     req = parse_request(await state.read_json(request), kind, state.limits)
     state.check_model(req.model)
-    if req.n > 1:  # n choices of one prompt, decoded together, each on its own seed stream
-        requests = [replace(req, n=1, seed=None if req.seed is None else (req.seed + i) % 2**63) for i in range(req.n)]
+    if req.best_of > 1:  # n (or best_of) choices of one prompt, decoded together, each on its own seed stream;
+        # best_of's scored by their tokens' log-probabilities (`_best`)
+        logprobs = 0 if req.best_of > req.n and req.logprobs is None else req.logprobs
+        requests = [replace(req, n=1, best_of=1, logprobs=logprobs,
+                            seed=None if req.seed is None else (req.seed + i) % 2**63) for i in range(req.best_of)]
     elif len(req.prompts) > 1:
         requests = [replace(req, prompt=p, prompts=(p,)) for p in req.prompts]
     else:
@@ -207,18 +210,35 @@ async def complete(request: HTTPRequest, kind: str):
         watcher.cancel()
     if len(bodies) == 1:
         return JSONResponse(bodies[0])
-    # several prompts or n choices: a choice each (index = the prompt's or the choice's), the token
-    # counts summed (a prompt counted once for its n choices), each one's speculation statistics in order
-    merged = {**bodies[0], "choices": [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]}
-    prompts = bodies[:1] if req.n > 1 else bodies
+    # several prompts, n or best_of choices: a choice each (index = the prompt's or the choice's), the
+    # token counts summed over every choice decoded (a prompt counted once for its choices), each one's
+    # speculation statistics in order
+    chosen = _best(bodies, req) if req.best_of > req.n else bodies
+    merged = {**chosen[0], "choices": [{**b["choices"][0], "index": i} for i, b in enumerate(chosen)]}
+    prompts = bodies[:1] if req.best_of > 1 else bodies
     merged["usage"] = {"prompt_tokens": sum(b["usage"]["prompt_tokens"] for b in prompts),
                        "completion_tokens": sum(b["usage"]["completion_tokens"] for b in bodies)}
     merged["usage"]["total_tokens"] = merged["usage"]["prompt_tokens"] + merged["usage"]["completion_tokens"]
     merged["usage"]["speculative"] = [b["usage"]["speculative"] for b in bodies]
     merged["timings"] = [b["timings"] for b in bodies]
     if req.trace:
-        merged[EXTENSION] = {"trace": [b[EXTENSION]["trace"] for b in bodies]}
+        merged[EXTENSION] = {"trace": [b[EXTENSION]["trace"] for b in chosen]}
     return JSONResponse(merged)
+
+
+def _best(bodies: list[dict], req: Request) -> list[dict]:
+    """OpenAI's best_of: of the choices decoded, the n with the highest mean log-probability of their
+    tokens (the target's own, `logprobs`), best first; their logprobs dropped where the request did
+    not ask for them."""
+    def mean(body: dict) -> float:  # over the completion's tokens (an echoed prompt's come first)
+        kept = body["choices"][0]["logprobs"]["token_logprobs"]
+        values = [v for v in kept[len(kept) - min(len(kept), body["usage"]["completion_tokens"]):] if v is not None]
+        return sum(values) / len(values) if values else 0.0
+
+    ranked = sorted(bodies, key=mean, reverse=True)[: req.n]
+    if req.logprobs is None:
+        ranked = [{**b, "choices": [{**b["choices"][0], "logprobs": None}]} for b in ranked]
+    return ranked
 
 
 async def chat_completions(request: HTTPRequest):
