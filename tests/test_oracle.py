@@ -32,7 +32,17 @@ def test_a_file_the_native_path_computes_as_llama_cpp_does_agrees(capsys, llama3
     code, out, _ = run_cli(capsys, "check", "--against", "llama.cpp", "--target", str(llama3_file), "--json")
     record = json.loads(out)
     assert code == 0 and record["agrees"] and record["mean_kl"] < 0.02 and record["agreement"] >= 0.8
-    assert record["positions"] > 150 and record["token_mismatches"] == []
+    assert record["positions"] > 150 and record["token_mismatches"] == [] and record["chat"] == "identical"
+
+
+def test_a_chat_prompt_rendered_otherwise_than_llama_cpp_renders_it_disagrees(capsys, llama3_file, monkeypatch):
+    from specdecode.models.tokenizer import Tokenizer
+
+    render = Tokenizer.apply_chat_template
+    monkeypatch.setattr(Tokenizer, "apply_chat_template",
+                        lambda self, *a, **k: render(self, *a, **k).replace("\n<|im_start|>assistant", "<|im_start|>assistant"))
+    code, out, _ = run_cli(capsys, "check", "--against", "llama.cpp", "--target", str(llama3_file))
+    assert code == 1 and "chat template: differs" in out and "verdict: DISAGREES" in out, out
 
 
 def test_a_native_path_that_computes_otherwise_disagrees_and_exits_1(capsys, llama3_file, monkeypatch):
@@ -74,3 +84,4 @@ def test_a_deep_file_past_the_thresholds_agrees_only_when_no_further_from_exact_
 def test_the_embedded_model_agrees(capsys):
     code, out, _ = run_cli(capsys, "check", "--against", "llama.cpp")
     assert code == 0 and "verdict: agrees" in out and "tokenisation: identical ids" in out, out
+    assert "chat template: identical" in out, out

@@ -5,8 +5,8 @@ The native backend reads a GGUF file itself; llama.cpp's reading of the same fil
 (what its loader reads for an architecture, the native path computes identically or refuses:
 `models/native/reading.py`). Over a few built-in texts, teacher-forced, each position's next-token
 distribution from both: the mean and largest KL(llama.cpp || native) and how often their argmax
-agree; and each text's token ids from both tokenizers, with the special tokens the file asks for
-and without. The thresholds are the oracle tests' (tests/test_gguf.py): random-weight files of
+agree; each text's token ids from both tokenizers, with the special tokens the file asks for and
+without; and a conversation rendered by the file's chat template in each (`chat_rendering`). The thresholds are the oracle tests' (tests/test_gguf.py): random-weight files of
 every format and architecture pass at a mean KL under 0.01 nats and 85% agreement, Gemma 3 270M's
 real weights at 0.02 and 80% (a few hundred positions past its sliding window); a file computed
 differently (a RoPE factor, a norm, a window left out) lands at 0.02-3 nats.
@@ -52,10 +52,53 @@ class Agreement:
     max_kl: float
     agreement: float  # share of positions whose argmax both engines agree on
     token_mismatches: list[str] = field(default_factory=list)  # texts the two tokenizers split differently
+    # the chat template's rendering of CHAT against llama.cpp's: "identical", "not compared: why", or
+    # "differs: where" (which fails the check)
+    chat: str = "not compared: no chat template read"
+
+    @property
+    def texts_agree(self) -> bool:
+        """Both tokenize every text alike and render the chat alike."""
+        return not self.token_mismatches and not self.chat.startswith("differs")
 
     @property
     def agrees(self) -> bool:
-        return self.mean_kl < MAX_MEAN_KL and self.agreement >= MIN_AGREEMENT and not self.token_mismatches
+        return self.mean_kl < MAX_MEAN_KL and self.agreement >= MIN_AGREEMENT and self.texts_agree
+
+
+CHAT = ({"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Name a colour."})
+
+
+def chat_rendering(ours, oracle) -> str:
+    """The file's chat template rendered by our tokenizer (jinja, as transformers renders it) against
+    llama.cpp's own rendering of it (`llama_chat_apply_template`, which recognises the templates it
+    knows), for CHAT with the assistant's turn opened. A leading BOS in ours is left out: llama.cpp
+    adds it when tokenizing, as the file's flag says (the token ids are compared separately)."""
+    import ctypes
+
+    import llama_cpp
+
+    try:
+        mine = ours.tokenizer.apply_chat_template(list(CHAT), tokenize=False, add_generation_prompt=True)
+    except Exception as err:  # noqa: BLE001  (a template that cannot render this conversation)
+        return f"not compared: our rendering failed ({type(err).__name__}: {err})"
+    template = llama_cpp.llama_model_chat_template(oracle.llm.model, None)
+    if not template:
+        return "not compared: the file has no chat template"
+    messages = (llama_cpp.llama_chat_message * len(CHAT))(
+        *[llama_cpp.llama_chat_message(m["role"].encode(), m["content"].encode()) for m in CHAT])
+    buffer = ctypes.create_string_buffer(1 << 16)
+    n = llama_cpp.llama_chat_apply_template(template, messages, len(CHAT), True, buffer, len(buffer))
+    if n < 0:
+        return "not compared: llama.cpp has no built-in rendering of this template"
+    theirs = buffer.raw[:n].decode("utf-8", errors="replace")
+    bos = ours.tokenizer.bos_token or ""
+    mine = mine[len(bos):] if bos and mine.startswith(bos) and not theirs.startswith(bos) else mine
+    if mine == theirs:
+        return "identical"
+    at = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+    return f"differs: from character {at}, ours {mine[at:at + 40]!r} against llama.cpp's {theirs[at:at + 40]!r}"
 
 
 def texts_ids(model, texts=TEXTS) -> list[list[int]]:
@@ -86,7 +129,8 @@ def compare(ours, oracle, texts=TEXTS) -> Agreement:
                                   f"{len(mine)} ids against llama.cpp's {len(theirs)})")
     ids = texts_ids(ours, texts)
     kl, same = distance(logprobs(oracle, ids), logprobs(ours, ids))
-    return Agreement(kl.numel(), kl.mean().item(), kl.max().item(), same.double().mean().item(), mismatches)
+    return Agreement(kl.numel(), kl.mean().item(), kl.max().item(), same.double().mean().item(), mismatches,
+                     chat_rendering(ours, oracle))
 
 
 @dataclass
@@ -144,7 +188,8 @@ def report(result: Agreement, name: str) -> list[str]:
     lines = [f"{name}: native against llama.cpp over {result.positions} positions of {len(TEXTS)} texts",
              f"mean KL {result.mean_kl:.5f} nats (max {result.max_kl:.4f}; threshold {MAX_MEAN_KL}), argmax "
              f"agreement {result.agreement:.3f} (threshold {MIN_AGREEMENT})"]
-    return lines + ([f"tokenised differently: {m}" for m in result.token_mismatches] or ["tokenisation: identical ids"])
+    lines += [f"tokenised differently: {m}" for m in result.token_mismatches] or ["tokenisation: identical ids"]
+    return lines + [f"chat template: {result.chat}"]
 
 
 def report_reference(ref: Reference) -> list[str]:

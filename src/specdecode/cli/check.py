@@ -85,7 +85,7 @@ def check_against(args: argparse.Namespace) -> int:
     oracle = load_model(path, backend="llama.cpp", threads=args.threads, n_ctx=512)
     result = compare(ours, oracle)
     ref, agrees = None, result.agrees
-    if (args.reference or not result.agrees) and not result.token_mismatches and is_quantised(path):
+    if (args.reference or not result.agrees) and result.texts_agree and is_quantised(path):
         with waiting("writing the file dequantised to F16 and running both engines on it"):
             ref = reference(ours, oracle, lambda copy, backend: load_model(
                 str(copy), backend=backend, dtype="float32" if backend == "native" else "auto", threads=args.threads,
