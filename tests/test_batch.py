@@ -283,7 +283,7 @@ def test_lookup_then_model_requests_plan_each_source_with_its_own_policy(monkeyp
     """Batched requests whose drafter copies where the context repeats and asks a model elsewhere:
     the batch plans each with the policy of the source it will draft from, and greedy output is
     each request's own."""
-    batch_module = importlib.import_module("specdecode.batch")
+    batch_module = importlib.import_module("specdecode.scheduler")
     planned = []  # per planning call: was every request's policy the one of the source it drafts from?
 
     def draft_lengths(policies, rooms, verify_cost, other_rows=0):
@@ -306,3 +306,20 @@ def test_lookup_then_model_requests_plan_each_source_with_its_own_policy(monkeyp
         sources |= {key for r in batch.active if r.decoding is not None for key in r.decoding.policies}
     assert sources == {None, "lookup", "model"} and planned and all(planned)
     assert [r.stats.tokens for r in requests] == expected
+
+
+def test_the_scheduler_admits_in_order_feeds_the_shortest_prompts_first_and_bounds_the_queue():
+    from specdecode.scheduler import Scheduler
+
+    scheduler = Scheduler(max_batch=3, prompt_rows=10, max_queue=2)
+    waiting = ["a", "b", "c", "d"]
+    assert scheduler.admit(waiting, active=["x"]) == ["a", "b"] and waiting == ["c", "d"]
+    assert scheduler.admit(waiting, active=["x", "y", "z"]) == [] and waiting == ["c", "d"]
+    # 10 prompt tokens a step: the shortest prompts left first, the last one cut to what remains
+    assert scheduler.prompt_pieces([("long", 40), ("short", 3), ("mid", 6)]) == [("short", 3), ("mid", 6), ("long", 1)]
+    assert scheduler.prompt_pieces([("long", 40)]) == [("long", 10)]
+    # 3 decoding and 2 waiting fill it: the next one is refused, with the wait the queue needs to drain
+    assert scheduler.refusal(4, 2.0) is None
+    assert scheduler.refusal(5, 2.0) == (2, 2)  # 2 waiting: 3 rounds of 2 s over 3 slots
+    with pytest.raises(ValueError, match="max_batch"):
+        Scheduler(max_batch=0)

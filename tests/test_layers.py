@@ -13,7 +13,7 @@ LAYERS = [
     ["specdecode.checks", "specdecode.defaults", "specdecode.lazy", "specdecode.progress"],
     ["specdecode.sampling", "specdecode.grammar", "specdecode.models.base"],
     ["specdecode.verify", "specdecode.formulas"],
-    ["specdecode.gamma", "specdecode.models", "specdecode.drafters", "specdecode.prefix"],
+    ["specdecode.gamma", "specdecode.scheduler", "specdecode.models", "specdecode.drafters", "specdecode.prefix"],
     ["specdecode.decode"],
     ["specdecode.stats", "specdecode.text", "specdecode.render"],
     ["specdecode.batch"],

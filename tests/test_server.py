@@ -592,7 +592,7 @@ def test_prompt_rows_and_prefix_memory_reach_the_batch_and_a_bad_value_is_refuse
         serve_options(parse(["serve", "--prefix-memory", "-1"]))
     engine = Engine(ToyModel(8, seed=1), {"lookup": "lookup"}, "lookup", prompt_rows=32)
     try:
-        assert engine._batch.prompt_rows == 32
+        assert engine._batch.scheduler.prompt_rows == 32
     finally:
         engine.close()
 

@@ -1,14 +1,14 @@
 """Continuous batching: several requests decoded together, one ragged target forward a step.
 
 Each request is a `decode.Decoding` (its own cache, drafter, gamma policy and random generator)
-and a `text.TextPieces`. A step
+and a `text.TextPieces`. A step, as the `scheduler.Scheduler` decides who runs and how much,
 
 1. admits waiting requests into free slots (at most `max_batch` hold a cache at once);
 2. feeds prompts: where the target computes prompt rows row-invariantly, up to `prompt_rows` prompt
    tokens join the decode forward, the shortest prompts first (after the longest prefix reused from
    recent prompts, `prefix.PrefixCache`); elsewhere one `PREFILL_CHUNK` of one prompt runs apart. Either way a long
    prompt never stalls the requests already decoding for long;
-3. plans the draft length of every decoding request together (`gamma.draft_lengths`: the cost model
+3. plans the draft length of every decoding request together (`Scheduler.draft_lengths`: the cost model
    of `--gamma auto` over the batch's rows, so speculation shrinks and stops as the batch fills);
 4. runs their target calls in ONE forward (`models.base.forward_batch`), then verifies each.
 
@@ -29,11 +29,12 @@ from . import defaults
 from .decode import Decoding, check_request
 from .drafters.base import Drafter
 from .drafters.lookup import PromptLookupDrafter
-from .gamma import AUTO, AdaptiveGamma, GammaPolicy, as_policy, draft_lengths
+from .gamma import AUTO, AdaptiveGamma, GammaPolicy, as_policy
 from .grammar import Constraint, Grammar, constraint_for
 from .models.base import ForwardCall, capabilities, forward_batch, request_cache
 from .checks import check_lenience, check_logprobs, check_stop
 from .prefix import PrefixCache
+from .scheduler import Scheduler
 from .sampling import SamplingParams
 from .stats import Stats
 from .text import TextPieces, TextStep
@@ -84,13 +85,13 @@ class Batch:
     """
 
     def __init__(self, target, max_batch: int = defaults.MAX_BATCH, max_gamma: int = defaults.MAX_GAMMA,
-                 prompt_rows: int = defaults.PROMPT_ROWS, prefix_bytes: int = defaults.PREFIX_MIB << 20, clock: Callable[[], float] = time.perf_counter) -> None:
-        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
-            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+                 prompt_rows: int = defaults.PROMPT_ROWS, prefix_bytes: int = defaults.PREFIX_MIB << 20,
+                 clock: Callable[[], float] = time.perf_counter, scheduler: Scheduler | None = None) -> None:
+        """`scheduler`: who runs in each step (`scheduler.Scheduler`); by default one of max_batch,
+        max_gamma and prompt_rows."""
         self.target, self.clock = target, clock
-        if not isinstance(prompt_rows, int) or prompt_rows < 1:
-            raise ValueError(f"prompt_rows must be an integer >= 1, got {prompt_rows!r}")
-        self.max_batch, self.max_gamma, self.prompt_rows = max_batch, max_gamma, prompt_rows
+        self.scheduler = scheduler or Scheduler(max_batch=max_batch, max_gamma=max_gamma, prompt_rows=prompt_rows)
+        self.max_batch, self.max_gamma = self.scheduler.max_batch, self.scheduler.max_gamma
         self.can = capabilities(target)
         self.prefixes = (PrefixCache(prefix_bytes) if prefix_bytes and self.can.row_invariant_prompts
                          and self.can.sized_caches else None)
@@ -144,8 +145,8 @@ class Batch:
         prompt chunk apart, then the decode rows). Returns the text pieces made."""
         out: list[tuple[BatchRequest, TextStep]] = []
         self.last_forward = None
-        while self.waiting and len(self.active) < self.max_batch:
-            self._admit(self.waiting.pop(0))
+        for r in self.scheduler.admit(self.waiting, self.active):
+            self._admit(r)
         if self.can.row_invariant_prompts:  # prompt pieces join the decode forward
             if self.active:
                 self._decode(list(self.active), out)
@@ -212,36 +213,24 @@ class Batch:
     def _decode(self, requests: list[BatchRequest], out: list) -> None:
         """Plan, draft, one forward over every request's rows (and pieces of prompts, up to
         `prompt_rows` of them, where the target computes prompts row-invariantly), verify."""
-        # the prompt rows go to the shortest prompts left first: a short prompt arriving behind a long
-        # one has its first token a step later, not after the whole long prompt
-        prompts = sorted((r for r in requests if self._prompt_left(r)),
-                         key=lambda r: len(r.prompt_ids) - len(r.decoding.cache))
         decoding = [r for r in requests if not self._prompt_left(r)]
         calls, ready, last = [], [], []  # last: whether the call ends its request's iteration
-        budget = self.prompt_rows
-        for r in prompts:
-            if budget <= 0:
-                break
-            try:
-                if r.id not in self._prefilling:
+        for r in requests:
+            if self._prompt_left(r) and r.id not in self._prefilling:
+                try:
                     self._prefilling[r.id] = (r.decoding.prepare(), 0)  # the whole prompt, no draft
-                call, done = self._prefilling[r.id]
-                size = min(budget, call.tokens.shape[1] - done)
-                budget -= size
-                calls.append(ForwardCall(call.tokens[:, done : done + size], call.cache, 1))
-                ready.append(r)
-                last.append(done + size == call.tokens.shape[1])
-                self._prefilling[r.id] = (call, done + size)
-            except Exception as err:  # noqa: BLE001
-                self._fail(r, err)
+                except Exception as err:  # noqa: BLE001
+                    self._fail(r, err)
+        left = [(r, call.tokens.shape[1] - done) for r in requests if r.id in self._prefilling
+                for call, done in [self._prefilling[r.id]]]
+        for r, size in self.scheduler.prompt_pieces(left):
+            call, done = self._prefilling[r.id]
+            calls.append(ForwardCall(call.tokens[:, done : done + size], call.cache, 1))
+            ready.append(r)
+            last.append(done + size == call.tokens.shape[1])
+            self._prefilling[r.id] = (call, done + size)
         prompt_rows = sum(c.tokens.shape[1] for c in calls)
-        gammas: list[int | None] = [None] * len(decoding)
-        if len(decoding) > 1 or (decoding and prompt_rows):  # alone, a request plans as outside a batch
-            policies = [r.decoding.plan_policy() for r in decoding]
-            auto = next((p for p in policies if isinstance(p, AdaptiveGamma)), None)
-            if auto is not None:
-                auto.context_length = sum(len(r.decoding.context) for r in decoding) // len(decoding)
-                gammas = draft_lengths(policies, [r.decoding.room for r in decoding], auto.verify_cost, prompt_rows)
+        gammas = self.scheduler.draft_lengths([r.decoding for r in decoding], prompt_rows)
         for r, g in zip(decoding, gammas):
             try:
                 calls.append(r.decoding.prepare(g))
