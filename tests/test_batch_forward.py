@@ -280,3 +280,26 @@ def test_a_batch_on_the_real_target_gives_each_request_its_output_alone(default_
         assert r.finish_reason in ("eos", "length") and r.stats.tokens == alone
     if model.row_invariant_prompts:  # the fifth waited for a slot: by then its twin's prompt was stored
         assert batch.prefixes.reused_tokens == len(asks[4][0]) - 1
+
+
+def test_simultaneous_requests_with_one_prompt_compute_it_once(default_model):
+    """n choices of one prompt, admitted together: the first computes the prompt, the others wait for
+    it and copy its keys and values (all but the last token), and each still gets its output alone."""
+    from specdecode import PromptLookupDrafter, SamplingParams, encode_prompt, speculative_decode
+    from specdecode.batch import Batch
+
+    model = default_model
+    if not model.row_invariant_prompts:
+        pytest.skip(f"{model!r} computes prompts apart from decode rows: no prefix reuse")
+    ids = encode_prompt(model.tokenizer, "Write a sentence about rivers.")
+    params = SamplingParams(temperature=0.9)
+    batch = Batch(model, max_batch=4, prompt_rows=8)  # the prompt takes several steps: the others must wait
+    requests = [batch.submit(ids, PromptLookupDrafter(), gamma=2, params=params, seed=s, max_new_tokens=8)
+                for s in range(3)]
+    for _ in batch.run():
+        pass
+    assert batch.prefixes.reused_tokens == 2 * (len(ids) - 1)
+    for r, seed in zip(requests, range(3)):
+        alone = [t for s in speculative_decode(model, PromptLookupDrafter(), ids, gamma=2, params=params, seed=seed,
+                                               max_new_tokens=8) for t in s.tokens]
+        assert r.finish_reason in ("eos", "length") and r.stats.tokens == alone

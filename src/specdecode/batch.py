@@ -6,7 +6,8 @@ and a `text.TextPieces`. A step, as the `scheduler.Scheduler` decides who runs a
 1. admits waiting requests into free slots (at most `max_batch` hold a cache at once);
 2. feeds prompts: where the target computes prompt rows row-invariantly, up to `prompt_rows` prompt
    tokens join the decode forward, the shortest prompts first (after the longest prefix reused from
-   recent prompts, `prefix.PrefixCache`); elsewhere one `PREFILL_CHUNK` of one prompt runs apart. Either way a long
+   recent prompts, `prefix.PrefixCache`; a prompt several requests share, as n choices do, is computed
+   once while the others wait for it); elsewhere one `PREFILL_CHUNK` of one prompt runs apart. Either way a long
    prompt never stalls the requests already decoding for long;
 3. plans the draft length of every decoding request together (`Scheduler.draft_lengths`: the cost model
    of `--gamma auto` over the batch's rows, so speculation shrinks and stops as the batch fills);
@@ -215,10 +216,16 @@ class Batch:
         `prompt_rows` of them, where the target computes prompts row-invariantly), verify."""
         decoding = [r for r in requests if not self._prompt_left(r)]
         calls, ready, last = [], [], []  # last: whether the call ends its request's iteration
+        computing = {tuple(r.prompt_ids) for r in requests if r.id in self._prefilling}
         for r in requests:
             if self._prompt_left(r) and r.id not in self._prefilling:
+                if self.prefixes is not None:
+                    if tuple(r.prompt_ids) in computing:  # the same prompt is being computed (n choices):
+                        continue  # wait for it, then copy its keys and values
+                    self.prefixes.fill(r.prompt_ids, r.decoding.cache)  # stored since it was admitted
                 try:
                     self._prefilling[r.id] = (r.decoding.prepare(), 0)  # the whole prompt, no draft
+                    computing.add(tuple(r.prompt_ids))
                 except Exception as err:  # noqa: BLE001
                     self._fail(r, err)
         left = [(r, call.tokens.shape[1] - done) for r in requests if r.id in self._prefilling
