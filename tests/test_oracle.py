@@ -39,8 +39,9 @@ def test_a_chat_prompt_rendered_otherwise_than_llama_cpp_renders_it_disagrees(ca
     from specdecode.models.tokenizer import Tokenizer
 
     render = Tokenizer.apply_chat_template
-    monkeypatch.setattr(Tokenizer, "apply_chat_template",
-                        lambda self, *a, **k: render(self, *a, **k).replace("\n<|im_start|>assistant", "<|im_start|>assistant"))
+    monkeypatch.setattr(Tokenizer, "apply_chat_template",  # one newline left out before the assistant's turns
+                        lambda self, *a, **k: render(self, *a, **k).replace("\n<|im_start|>assistant",
+                                                                            "<|im_start|>assistant"))
     code, out, _ = run_cli(capsys, "check", "--against", "llama.cpp", "--target", str(llama3_file))
     assert code == 1 and "chat template: differs" in out and "verdict: DISAGREES" in out, out
 

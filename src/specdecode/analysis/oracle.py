@@ -6,7 +6,8 @@ The native backend reads a GGUF file itself; llama.cpp's reading of the same fil
 `models/native/reading.py`). Over a few built-in texts, teacher-forced, each position's next-token
 distribution from both: the mean and largest KL(llama.cpp || native) and how often their argmax
 agree; each text's token ids from both tokenizers, with the special tokens the file asks for and
-without; and a conversation rendered by the file's chat template in each (`chat_rendering`). The thresholds are the oracle tests' (tests/test_gguf.py): random-weight files of
+without; and a conversation rendered by the file's chat template in each (`chat_rendering`). The
+thresholds are the oracle tests' (tests/test_gguf.py): random-weight files of
 every format and architecture pass at a mean KL under 0.01 nats and 85% agreement, Gemma 3 270M's
 real weights at 0.02 and 80% (a few hundred positions past its sliding window); a file computed
 differently (a RoPE factor, a norm, a window left out) lands at 0.02-3 nats.

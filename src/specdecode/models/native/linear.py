@@ -298,7 +298,7 @@ class Q8Linear:
         if K % 32 or N % 16 or not hasattr(kernels, "q8_matmul"):
             return None
         q = groups.q
-        if int8_activations:  # q8q8_matmul's: [out/16, in/32, 8, 16, 4] bytes, q + 128 (chunk c, output o, input 4c + j)
+        if int8_activations:  # q8q8_matmul's: [out/16, in/32, 8, 16, 4] bytes, q + 128 (chunk c, output o, input 4c+j)
             q = (q.view(torch.uint8) ^ 128).view(N // 16, 16, K // 32, 8, 4).permute(0, 2, 3, 1, 4).contiguous()
         if isinstance(groups, Groups6):
             if not int8_activations:

@@ -17,8 +17,8 @@ from . import threads
 from .kernels import CKernels, DecodeModel, Segment, make_kernels
 from .linear import F32Linear, Int4Linear, Linear, Q8Linear, StackedLinear, bf16_supported, dense
 from .plan import cpu_flags, kernel_plan
-from .source import (DirectorySource, Embedding, GGUFSource, Groups4, Groups6, Groups8, GroupsK, Stacked, Weight, as_float,
-                     concat, open_source)
+from .source import (DirectorySource, Embedding, GGUFSource, Groups4, Groups6, Groups8, GroupsK, Stacked, Weight,
+                     as_float, concat, open_source)
 
 
 def activation_dtype() -> torch.dtype:
