@@ -176,15 +176,21 @@ class AdaptiveGamma:
         against the accepted depths seen so far, c the drafting cost per node. n = 0 (plain
         decoding) scores 1. A chain is the case of a tree with one child a node, whose reach is
         alpha^depth."""
-        k = self._tree_accepted / self._tree_predicted
-        best_n, best, total = 0, 1.0, 0.0
-        self.forecast = (1.0, 1.0)
+        best_n, self.forecast = self.best_prefix(reach, limit, self._tree_accepted / self._tree_predicted)
+        return best_n
+
+    def best_prefix(self, reach: Sequence[float], limit: int,
+                    calibration: float = 1.0) -> tuple[int, tuple[float, float]]:
+        """`tree_size`'s choice with the estimates scaled by `calibration` (1: taken as they are):
+        (n, (expected tokens, cost in one-token steps)) of the best prefix; (0, (1, 1)) when none pays.
+        Also what a drafter that chooses among its sources (`drafters.auto`) prices each one's draft by."""
+        best_n, best, total, forecast = 0, 1.0, 0.0, (1.0, 1.0)
         for n in range(1, min(len(reach), limit, len(self.verify_ratios) - 2) + 1):
             total += reach[n - 1]
-            tokens, cost = 1 + k * total, self.verify_cost(n + 1) + n * self.cost_ratio
+            tokens, cost = 1 + calibration * total, self.verify_cost(n + 1) + n * self.cost_ratio
             if tokens / cost > best:
-                best_n, best, self.forecast = n, tokens / cost, (tokens, cost)
-        return best_n
+                best_n, best, forecast = n, tokens / cost, (tokens, cost)
+        return best_n, forecast
 
     def observe_tree(self, predicted: float, accepted: int) -> None:
         """A verified tree: the summed reach of its nodes, and the depth the target accepted."""

@@ -375,9 +375,9 @@ def stand_in(drafter, world: ToyWorld, user_spec: str | None = None):
     from .drafters.pool import NgramPool, PoolDrafter
 
     if isinstance(drafter, PoolDrafter):  # a small pool of short n-grams: the toy's sequences are short
-        return PoolDrafter(NgramPool(1 << 8, orders=(2, 1)), trees=True)
+        return PoolDrafter(NgramPool(1 << 8, orders=(2, 1)))
     if isinstance(drafter, AutoDrafter):
-        return AutoDrafter(NgramPool(1 << 8, orders=(2, 1)), sources=drafter.sources, budget=4, trees=True)
+        return AutoDrafter(NgramPool(1 << 8, orders=(2, 1)), sources=drafter.sources, budget=4)
     if isinstance(drafter, PromptLookupDrafter):
         return PromptLookupDrafter()
     raise ValueError(f"no toy stand-in for {type(drafter).__name__}: check it as module:Name")

@@ -26,7 +26,9 @@ def _model_options(with_draft: bool = True) -> argparse.ArgumentParser:
                         "(default: the embedded SmolLM2-135M-Instruct)")
     if with_draft:
         common.add_argument("--draft", default=LOOKUP,
-                            help="'lookup' for prompt lookup (default), 'suffix' for suffix drafting (the most "
+                            help="'lookup' for prompt lookup (default), 'auto' for the model-free source that "
+                                 "prices best before each call (lookup, or the n-gram pool every request "
+                                 "feeds), 'pool' for that pool alone, 'suffix' for suffix drafting (the most "
                                  "frequent continuation of the longest earlier match), 'trained' for the draft "
                                  "network shipped for the embedded target, 'eagle' for the feature draft shipped "
                                  "for it (native backend; eagle:DIR for one trained by distill --eagle), a draft "

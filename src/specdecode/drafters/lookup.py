@@ -51,14 +51,23 @@ class PromptLookupDrafter(BaseDrafter):
             for s in range(max(0, T - n), len(ids) - n):
                 last[tuple(ids[s : s + n])] = s
 
-    def propose(self, context: Sequence[int], gamma: int) -> Draft:
+    def match(self, context: Sequence[int], gamma: int, extend: int = 0) -> tuple[int, list[int]]:
+        """(n, tokens): the length of the longest n-gram matched (0: none) and up to gamma tokens that
+        followed its most recent earlier occurrence. With `extend`, n counts up to that many more
+        tokens before the n-gram on which the occurrence and the context also agree."""
         self._update(context)
         ids = self._ids
         for n in range(min(self.max_ngram, len(ids) - 1), self.min_ngram - 1, -1):
             start = self._last[n].get(tuple(ids[-n:]))
             if start is not None:  # the most recent match: the likeliest to continue the same way
-                return Draft(torch.tensor([ids[start + n : start + n + gamma]], dtype=torch.long))
-        return Draft(torch.empty(1, 0, dtype=torch.long))
+                tokens, end = ids[start + n : start + n + gamma], len(ids) - n
+                while extend and start > 0 and ids[start - 1] == ids[end - 1]:
+                    start, end, n, extend = start - 1, end - 1, n + 1, extend - 1
+                return n, tokens
+        return 0, []
+
+    def propose(self, context: Sequence[int], gamma: int) -> Draft:
+        return Draft(torch.tensor([self.match(context, gamma)[1]], dtype=torch.long).reshape(1, -1))
 
     def accept(self, num_accepted: int) -> None:
         pass

@@ -1,6 +1,10 @@
 """One place that turns a draft spec into a drafter, for the CLI, the benchmark and the server.
 
     lookup            prompt lookup (copy from the context)
+    auto              the model-free source that prices best before each call, chosen per call: prompt
+                      lookup, the shared n-gram pool, or lookup continued by the pool (`drafters.auto`)
+    pool              the n-gram pool every request feeds and drafts from: long chains where earlier
+                      requests or this one repeat (`drafters.pool`; llama.cpp's ngram-mod family)
     suffix            suffix drafting: the most frequent continuation of the longest earlier match, in
                       the context or (with a shared cache) in earlier outputs
     ngram:FILE.npz    an n-gram model fitted with `specdecode ngram fit`
@@ -37,14 +41,18 @@ if TYPE_CHECKING:  # the command line's parser reads this module's names without
 
 LOOKUP = "lookup"
 SUFFIX = "suffix"
+AUTO = "auto"
+POOL = "pool"
+REMEMBERS = (SUFFIX, POOL, AUTO)  # drafters whose memory of earlier requests a server shares among requests
+MODEL_FREE = (LOOKUP, AUTO, POOL, SUFFIX)
 TRAINED = "trained"
 EAGLE = "eagle"
 HYBRID = "lookup+"
 NGRAM = "ngram:"
 TEXT = "text:"
 ENTRY_POINTS = "specdecode.drafters"
-DRAFTER_NAMES = ("lookup, suffix, trained, eagle, eagle:DIR, ngram:FILE.npz, lookup+MODEL, text:PATH, module:Name, "
-                 "or a draft model's path (a .gguf file or a transformers directory)")
+DRAFTER_NAMES = ("lookup, auto, pool, suffix, trained, eagle, eagle:DIR, ngram:FILE.npz, lookup+MODEL, text:PATH, "
+                 "module:Name, or a draft model's path (a .gguf file or a transformers directory)")
 _USER = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")  # module:Name (or module:Class.method)
 
 
@@ -106,8 +114,8 @@ class DraftSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, str) or not self.spec.strip():
-            raise ValueError("the draft spec is empty; use 'lookup', 'suffix', 'trained', 'ngram:FILE', lookup+MODEL "
-                             "or a path")
+            raise ValueError("the draft spec is empty; use 'lookup', 'auto', 'pool', 'suffix', 'trained', 'ngram:FILE', "
+                             "lookup+MODEL or a path")
         if self.spec.startswith(NGRAM) and not self.spec[len(NGRAM):]:
             raise ValueError("ngram: needs a file, e.g. ngram:bigram.npz")
         if self.spec.startswith(HYBRID) and not self.spec[len(HYBRID):]:
@@ -137,7 +145,7 @@ class DraftSpec:
     @property
     def is_user(self) -> bool:
         """A drafter of the user's own (module:Name, or a registered entry-point name), not a path."""
-        if self.spec in (LOOKUP, SUFFIX, TRAINED) or self.spec.startswith((NGRAM, HYBRID, TEXT)) or self.is_eagle:
+        if self.spec in (*MODEL_FREE, TRAINED) or self.spec.startswith((NGRAM, HYBRID, TEXT)) or self.is_eagle:
             return False
         if os.path.exists(self.spec):
             return False
@@ -146,7 +154,7 @@ class DraftSpec:
     @property
     def model_path(self) -> str | None:
         """The draft model this spec loads, or None for a drafter without one."""
-        if self.spec in (LOOKUP, SUFFIX) or self.spec.startswith(NGRAM) or self.is_user:
+        if self.spec in MODEL_FREE or self.spec.startswith(NGRAM) or self.is_user:
             return None
         path = self.spec
         for prefix in (HYBRID, TEXT):
@@ -191,10 +199,12 @@ def model_drafter(spec: DraftSpec, target: Model, draft_model: Model):
 
 def make_drafter(spec: DraftSpec | str, target: Model, draft_model: Model | None = None, *, backend: str = "auto",
                  dtype: str = "auto", device: str | None = None, threads: int | None = None,
-                 suffix_cache=None):
+                 suffix_cache=None, pool=None, pricing=None):
     """The drafter a spec names. `draft_model` reuses an already loaded draft model (a server builds
     a fresh drafter per request around one loaded model); else it is loaded with these settings.
-    `suffix_cache` (a `SuffixCache`) is the memory of earlier outputs a suffix drafter shares."""
+    `suffix_cache` (a `SuffixCache`) is the memory of earlier outputs a suffix drafter shares, `pool`
+    (an `NgramPool`) the one a pool or auto drafter shares; `pricing` (an `AdaptiveGamma`) the
+    verification curve auto prices its sources by (default: the target's, `gamma.as_policy`)."""
     from ..models.base import capabilities
     from . import LookupThenModelDrafter, NgramDrafter, PromptLookupDrafter, SuffixDrafter
 
@@ -204,6 +214,15 @@ def make_drafter(spec: DraftSpec | str, target: Model, draft_model: Model | None
     trees = capabilities(target).supports_trees  # where the target verifies them in one call, else chains
     if spec.spec == SUFFIX:
         return SuffixDrafter(suffix_cache, trees=trees)
+    if spec.spec == POOL:
+        from .pool import PoolDrafter
+
+        return PoolDrafter(pool)
+    if spec.spec == AUTO:
+        from ..gamma import AUTO as MEASURED, as_policy
+        from .auto import AutoDrafter
+
+        return AutoDrafter(pool, pricing=pricing if pricing is not None else as_policy(MEASURED, target))
     if spec.spec.startswith(NGRAM):
         return NgramDrafter.load(spec.spec[len(NGRAM):], trees=trees)
     if spec.is_user:

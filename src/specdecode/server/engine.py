@@ -23,8 +23,10 @@ import torch
 from .. import defaults
 from ..batch import Batch, BatchRequest
 from ..decode import token_logprobs
-from ..drafters.spec import SUFFIX, DraftSpec, load_draft_model, make_drafter
+from ..drafters.pool import NgramPool
+from ..drafters.spec import AUTO, POOL, SUFFIX, DraftSpec, load_draft_model, make_drafter
 from ..drafters.suffix import SuffixCache
+from ..gamma import as_policy
 from ..checks import check_queue_size
 from ..models.base import request_cache
 from ..stats import Stats
@@ -76,13 +78,18 @@ class Engine:
         self._factories = {}
         for name, spec in drafts.items():  # draft models load now, once; drafters are made per request
             spec = DraftSpec(spec)
-            model = cache = None
+            model = cache = pool = pricing = None
             if spec.model_path is not None:
                 model = load_draft_model(spec.model_path, target, **load_options)
             if spec.spec == SUFFIX:  # one memory of earlier outputs, shared by the draft's requests
                 cache = SuffixCache()
-            self._factories[name] = (lambda spec=spec, model=model, cache=cache:
-                                     make_drafter(spec, target, draft_model=model, suffix_cache=cache))
+            if spec.spec in (POOL, AUTO):  # one n-gram pool every request of the draft feeds and drafts from
+                pool = NgramPool()
+            if spec.spec == AUTO:  # the target's verification curve, measured once, prices auto's sources
+                pricing = as_policy("auto", target, max_gamma)
+            self._factories[name] = (lambda spec=spec, model=model, cache=cache, pool=pool, pricing=pricing:
+                                     make_drafter(spec, target, draft_model=model, suffix_cache=cache, pool=pool,
+                                                  pricing=pricing))
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self._admitted = 0  # waiting + decoding

@@ -51,7 +51,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from ..drafters.spec import SUFFIX
+from ..drafters.spec import REMEMBERS
 from ..checks import check_positive_settings, option_name
 from .build import ServeOptions, api_key_from_environment, build_app
 from .request import RequestError
@@ -74,7 +74,7 @@ def _registry() -> dict[str, "ConversationRouter"]:
 
 
 def route_key(body: bytes, default_draft: str) -> str | None:
-    """The conversation a request belongs to when its drafter remembers across requests (suffix), else
+    """The conversation a request belongs to when its drafter remembers across requests (suffix, pool, auto), else
     None: the `user` field, else the first user message (chat), else the prompt's first 256 characters."""
     try:
         request = json.loads(body)
@@ -84,7 +84,7 @@ def route_key(body: bytes, default_draft: str) -> str | None:
         return None
     extension = request.get("specdecode")
     draft = extension.get("draft") if isinstance(extension, dict) and extension.get("draft") else default_draft
-    if draft != SUFFIX:
+    if draft not in REMEMBERS:
         return None
     if isinstance(request.get("user"), str) and request["user"]:
         return "user:" + request["user"]
