@@ -953,3 +953,13 @@ def test_best_of_returns_the_choice_with_the_highest_mean_log_probability_and_co
     with pytest.raises(openai.BadRequestError) as refused:
         client.completions.create(**ask, best_of=2, stream=True)
     assert refused.value.response.json()["error"]["param"] == "best_of"
+
+
+def test_speculative_p_min_stops_a_draft_model_below_that_confidence(server):
+    """p_min reaches the draft model of the request's draft (its min_confidence): a higher bar drafts
+    fewer tokens, the greedy text the same."""
+    ask = chat("Write two sentences about the sea.", max_tokens=32, specdecode={"draft": "trained", "gamma": 6})
+    replies = [post(server[0], "/v1/chat/completions", {**ask, "speculative": {"p_min": p}})[1] for p in (0.0, 0.95)]
+    drafted = [r["usage"]["speculative"]["draft_tokens"] for r in replies]
+    assert drafted[1] < drafted[0], drafted
+    assert replies[0]["choices"][0]["message"]["content"] == replies[1]["choices"][0]["message"]["content"]

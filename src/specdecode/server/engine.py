@@ -11,11 +11,10 @@ next forward (or drops it if it had not started).
 from __future__ import annotations
 
 import asyncio
-import math
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -29,6 +28,7 @@ from ..drafters.suffix import SuffixCache
 from ..gamma import as_policy
 from ..checks import check_queue_size
 from ..models.base import request_cache
+from ..scheduler import Scheduler
 from ..stats import Stats
 from .request import Request, RequestError
 
@@ -66,8 +66,9 @@ class Engine:
         if default_draft not in drafts:
             raise ValueError(f"the default draft {default_draft!r} is not among the loaded ones: {', '.join(drafts)}")
         check_queue_size("max_queue", max_queue)
-        self._batch = Batch(target, max_batch=max_batch, max_gamma=max_gamma, prompt_rows=prompt_rows,
-                            prefix_bytes=prefix_bytes)  # checks them
+        self.scheduler = Scheduler(max_batch=max_batch, max_gamma=max_gamma, prompt_rows=prompt_rows,
+                                   max_queue=max_queue)  # checks them
+        self._batch = Batch(target, prefix_bytes=prefix_bytes, scheduler=self.scheduler)
         self.target = target
         self.max_batch = max_batch
         self.default_draft = default_draft
@@ -87,8 +88,10 @@ class Engine:
                 pool = NgramPool()
             if spec.spec == AUTO:  # the target's verification curve, measured once, prices auto's sources
                 pricing = as_policy("auto", target, max_gamma)
-            self._factories[name] = (lambda spec=spec, model=model, cache=cache, pool=pool, pricing=pricing:
-                                     make_drafter(spec, target, draft_model=model, suffix_cache=cache, pool=pool,
+            # p_min: a request's own confidence below which a draft model stops (llama-server's speculative.p_min)
+            self._factories[name] = (lambda p_min=None, spec=spec, model=model, cache=cache, pool=pool, pricing=pricing:
+                                     make_drafter(spec if p_min is None else replace(spec, min_confidence=p_min),
+                                                  target, draft_model=model, suffix_cache=cache, pool=pool,
                                                   pricing=pricing))
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
@@ -114,10 +117,9 @@ class Engine:
         """Queue a job, or refuse with 429 when `max_queue` jobs already wait behind a full batch."""
         self.check_draft(job.request.draft)
         with self._lock:
-            if self._admitted >= self.max_queue + self.max_batch:
-                waiting = self._admitted - self.max_batch
-                # until the queue drains: max_batch requests at a time, each about one service time
-                retry = max(1, math.ceil(self._service_seconds * (waiting + 1) / self.max_batch))
+            full = self.scheduler.refusal(self._admitted, self._service_seconds)
+            if full is not None:
+                waiting, retry = full
                 waits = "1 request is waiting" if waiting == 1 else f"{waiting} requests are waiting"
                 raise RequestError(429, f"the server is busy: {waits} (at most {self.max_queue}); "
                                         f"retry in about {retry} s",
@@ -162,7 +164,7 @@ class Engine:
         try:
             if request.echo and request.logprobs is not None:
                 job.prompt_logprobs = self._prompt_logprobs(job.prompt_ids, request.logprobs)
-            drafter = self._factories[request.draft or self.default_draft]()
+            drafter = self._factories[request.draft or self.default_draft](p_min=request.p_min)
             r = self._batch.submit(job.prompt_ids, drafter, gamma=self.gamma if request.gamma is None else request.gamma,
                                    params=request.params, max_new_tokens=request.max_tokens, lenience=request.lenience,
                                    seed=request.seed, stop=request.stop, stats=job.stats, logprobs=request.logprobs,
