@@ -399,8 +399,6 @@ def autoregressive_decode(
     eos_token_ids: Sequence[int] | None = None,
     logprobs: int | None = None,
     constraint: Constraint | None = None,
-    max_draft: int | None = None,
-    min_draft: int = 0,
 ) -> Iterator[Step]:
     """The baseline: one target call per sampled token, through the same model interface (`logprobs`
     and `constraint` as for `speculative_decode`: a grammar's forced tokens are fed with the next call)."""
