@@ -92,7 +92,6 @@ class Batch:
         max_gamma and prompt_rows."""
         self.target, self.clock = target, clock
         self.scheduler = scheduler or Scheduler(max_batch=max_batch, max_gamma=max_gamma, prompt_rows=prompt_rows)
-        self.max_batch, self.max_gamma = self.scheduler.max_batch, self.scheduler.max_gamma
         self.can = capabilities(target)
         self.prefixes = (PrefixCache(prefix_bytes) if prefix_bytes and self.can.row_invariant_prompts
                          and self.can.sized_caches else None)
@@ -170,7 +169,7 @@ class Batch:
         if gamma != AUTO:
             return gamma
         if self._auto is None:
-            self._auto = as_policy(AUTO, self.target, self.max_gamma)
+            self._auto = as_policy(AUTO, self.target, self.scheduler.max_gamma)
         return self._auto.fresh()
 
     def _admit(self, r: BatchRequest) -> None:

@@ -70,11 +70,8 @@ class Engine:
                                    max_queue=max_queue)  # checks them
         self._batch = Batch(target, prefix_bytes=prefix_bytes, scheduler=self.scheduler)
         self.target = target
-        self.max_batch = max_batch
         self.default_draft = default_draft
         self.gamma = gamma
-        self.max_gamma = max_gamma
-        self.max_queue = max_queue
         self.on_finish, self.on_step = on_finish, on_step
         self._factories = {}
         for name, spec in drafts.items():  # draft models load now, once; drafters are made per request
@@ -121,7 +118,7 @@ class Engine:
             if full is not None:
                 waiting, retry = full
                 waits = "1 request is waiting" if waiting == 1 else f"{waiting} requests are waiting"
-                raise RequestError(429, f"the server is busy: {waits} (at most {self.max_queue}); "
+                raise RequestError(429, f"the server is busy: {waits} (at most {self.scheduler.max_queue}); "
                                         f"retry in about {retry} s",
                                    None, "queue_full", type="rate_limit_error", headers={"Retry-After": str(retry)})
             self._admitted += 1

@@ -154,7 +154,7 @@ class ServerState:
     def usage(self, job: Job) -> dict:
         req, engine = job.request, self.engine
         gamma = engine.gamma if req.gamma is None else req.gamma
-        positions = engine.max_gamma if gamma == "auto" else gamma
+        positions = engine.scheduler.max_gamma if gamma == "auto" else gamma
         return _usage(len(job.prompt_ids), job.stats, req.draft or engine.default_draft, gamma,
                       positions if req.n_max is None else min(positions, req.n_max))
 
