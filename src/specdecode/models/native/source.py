@@ -5,7 +5,8 @@ no dequantisation on the way, no converted copy on disk).
 Both give the model the same things under llama.cpp's tensor names (`attn_q`, `ffn_down`,
 `token_embd`, ...): a `Hyper` of the architecture's sizes, and each weight as float, 4-bit groups
 (`Groups4`: Q4_0, Q4_1 and Q5_1 blocks; `GroupsK`: Q4_K and Q5_K ones), 8-bit groups (`Groups8`: Q8_0
-and Q5_0 blocks) or 6-bit ones (`Groups6`: Q6_K): one entry of `FORMATS` each, the block types read as they are.
+and Q5_0 blocks) or 6-bit ones (`Groups6`: Q6_K): one entry of `FORMATS` each, the block types read
+as they are.
 A GGUF type the kernels have no product for is dequantised by the `gguf` package (exact: the
 file's own values), so every file runs, those tensors as float.
 """

@@ -250,7 +250,7 @@ enum { FORMAT_Q4, FORMAT_Q5, FORMAT_K4, FORMAT_K5, FORMAT_Q40 };
 /* Q6_K's scales as the file factors them, per 16 outputs and super-block of 256 inputs Q6K_BYTES
  * bytes: d [16] float16, then the int8 sc [16 groups][16 outputs] of its groups of 16 inputs; group
  * j's scale d sc[j] is exact in float32 (11 by 8 bits). The row kernels compute each group's 16
- * scales where they use them (q6k_d and q6k_sc: its super-block's bytes and its place there). */
+ * scales where they use them (q6k_block and q6k_sc: its super-block's bytes and its place there). */
 enum { Q6K_BYTES = 32 + 256 };
 static inline const uint8_t *q6k_block(const void *sb, int group16) {
     return (const uint8_t *)sb + (long)(group16 / 16) * Q6K_BYTES;

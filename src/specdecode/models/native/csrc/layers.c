@@ -37,10 +37,9 @@ static void attend_segments_item(void *ctx, int item) {
 
 static int stacked(const float *x, const int64_t *table, float *y, int rows, int in, int out, int threads);
 
-#define KIND_NAME(id, name) "," #name
-#define SLOT_NAME(id, name) "," #name
-const char *product_kinds(void) { return PRODUCT_KINDS(KIND_NAME) + 1; }
-const char *layer_slots(void) { return LAYER_SLOTS(SLOT_NAME) + 1; }
+#define LISTED_NAME(id, name) "," #name /* ",q4f,q4q8,...": each X-macro's names, past the first comma */
+const char *product_kinds(void) { return PRODUCT_KINDS(LISTED_NAME) + 1; }
+const char *layer_slots(void) { return LAYER_SLOTS(LISTED_NAME) + 1; }
 int decode_model_bytes(void) { return (int)sizeof(decode_model_t); }
 
 /* y = x W^T for a product of `kind` (weights q and coef in its layout); nonzero when out of memory

@@ -246,8 +246,9 @@ static inline __attribute__((always_inline)) void q8q8_rows(const q8_rows_t *a, 
             for (int h = 0; h < 2; h++) {
                 const int j = g * parts + part; /* q8q8: float32 scales; q6q8: Q6_K's d and sc (common.h) */
                 __m256 scale = parts == 1 ? _mm256_loadu_ps((const float *)sb + j * 16 + 8 * h)
-                    : _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(q6k_block(sb, j) + 16 * h))),
-                                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q6k_sc(sb, j) + 8 * h)))));
+                    : _mm256_mul_ps(
+                          _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(q6k_block(sb, j) + 16 * h))),
+                          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q6k_sc(sb, j) + 8 * h)))));
                 for (int r = 0; r < R; r++) {
                     const int at = (r0 + r) * groups + g;
                     acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(a->d[at])),

@@ -90,8 +90,9 @@ static inline __attribute__((always_inline)) void q8q8_rows(const q8_rows_t *a, 
             }
             const int j = g * parts + part; /* q8q8: float32 scales; q6q8: Q6_K's d and sc (common.h) */
             __m512 scale = parts == 1 ? _mm512_loadu_ps((const float *)sb + j * 16)
-                : _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)q6k_block(sb, j))),
-                                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q6k_sc(sb, j)))));
+                : _mm512_mul_ps(
+                      _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)q6k_block(sb, j))),
+                      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q6k_sc(sb, j)))));
             for (int r = 0; r < R; r++) {
                 const int at = (r0 + r) * groups + g;
                 const int32_t xsum = parts == 1 ? a->sum[at] : a->half_sum[2 * at + part];

@@ -7,7 +7,6 @@
  */
 #include "common.h"
 
-
 #if FLOAT_PRODUCTS_GENERIC
 /* ---- vector types and helpers ----------------------------------------------------------------- */
 
