@@ -155,15 +155,18 @@ class AutoDrafter(BaseDrafter):
         return self._choice
 
     def _same(self, context: Sequence[int]) -> bool:
+        return len(context) == len(self._seen) and self._continues(context)
+
+    def _continues(self, context: Sequence[int]) -> bool:
+        """Whether `context` extends what was seen (checked at its first, middle and last token)."""
         seen, T = self._seen, len(self._seen)
-        return len(context) == T and all(context[i] == seen[i] for i in {0, T // 2, T - 1} if T)
+        return len(context) >= T and all(context[i] == seen[i] for i in {0, T // 2, T - 1} if T)
 
     def _catch_up(self, context: Sequence[int]) -> None:
         """Score the sources' last proposals against what was emitted since."""
+        if not self._continues(context):
+            self._pending, self._seen = [], []
         seen, T = self._seen, len(self._seen)
-        if len(context) < T or any(context[i] != seen[i] for i in {0, T // 2, T - 1} if T):
-            self._pending, seen, T = [], [], 0
-            self._seen = seen
         seen.extend(int(t) for t in context[T:])
         pending, self._pending = self._pending, []
         for name, position, tokens, keys in pending:
