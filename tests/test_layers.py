@@ -193,3 +193,38 @@ def test_an_architecture_is_declared_in_its_own_module_only():
         named = [a for a in ARCHITECTURES for text in strings if f'"{a}"' in text or text == a]
         assert not named, f"{path.name} names the architecture {named[0]!r}"
     assert all((native / "arch" / f"{name}.py").exists() for name in ARCHITECTURES)
+
+
+def test_a_built_in_drafter_is_one_entry_of_the_kinds_table(monkeypatch):
+    """A drafter added to `drafters.spec.KINDS` alone is a spec the library, the command line's help,
+    the error for unknown names, the server's shared memory and Ray's routing all know."""
+    import argparse
+    import json
+
+    from specdecode.cli.parser import build_parser
+    from specdecode.drafters import PromptLookupDrafter
+    from specdecode.drafters import spec as drafters
+    from specdecode.server.engine import Engine
+    from specdecode.server.ray import route_key
+    from toy import ToyModel
+
+    made = []
+    echo = drafters.Kind("echo", "proposes what prompt lookup proposes, for this test",
+                         build=lambda argument, target, memory: made.append(memory) or PromptLookupDrafter(),
+                         memory=lambda target, max_gamma: {"shared by": "the draft's requests"})
+    monkeypatch.setattr(drafters, "KINDS", (*drafters.KINDS, echo))
+    assert drafters.DraftSpec("echo").model_path is None and not drafters.DraftSpec("echo").is_user
+    assert isinstance(drafters.make_drafter("echo", ToyModel(8, seed=0)), PromptLookupDrafter) and made == [None]
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for command in ("generate", "serve"):
+        assert "echo: proposes what prompt lookup proposes" in " ".join(commands.choices[command].format_help().split())
+    assert "echo" in drafters.drafter_names()
+    body = json.dumps({"prompt": "hi", "user": "u1", "specdecode": {"draft": "echo"}}).encode()
+    assert route_key(body, "lookup") == "user:u1"  # requests that share its memory go to one replica
+    engine = Engine(ToyModel(8, seed=1), {"echo": "echo", "lookup": "lookup"}, "echo")
+    try:
+        engine._factories["echo"]()
+        engine._factories["echo"]()
+        assert made[1:] == [{"shared by": "the draft's requests"}] * 2 and made[1] is made[2]
+    finally:
+        engine.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from .. import defaults
-from ..drafters.spec import LOOKUP
+from ..drafters.spec import LOOKUP, help_text
 
 
 def gamma_arg(value: str):
@@ -25,18 +25,8 @@ def _model_options(with_draft: bool = True) -> argparse.ArgumentParser:
     common.add_argument("--target", help="target model: a .gguf file or a transformers directory "
                         "(default: the embedded SmolLM2-135M-Instruct)")
     if with_draft:
-        common.add_argument("--draft", default=LOOKUP,
-                            help="'lookup' for prompt lookup (default), 'auto' for the model-free source that "
-                                 "prices best before each call (lookup, or the n-gram pool every request "
-                                 "feeds), 'pool' for that pool alone, 'suffix' for suffix drafting (the most "
-                                 "frequent continuation of the longest earlier match), 'trained' for the draft "
-                                 "network shipped for the embedded target, 'eagle' for the feature draft shipped "
-                                 "for it (native backend; eagle:DIR for one trained by distill --eagle), a draft "
-                                 "model path (one with another "
-                                 "tokenizer drafts its text re-tokenised when greedy, the tokens both share when "
-                                 "sampling), text:PATH (its text re-tokenised always), lookup+MODEL (copy where the text repeats, MODEL "
-                                 "elsewhere, e.g. lookup+trained), ngram:FILE.npz, or module:Name for a drafter of "
-                                 "your own")
+        common.add_argument("--draft", default=LOOKUP, metavar="SPEC",
+                            help=f"the drafter (default: {LOOKUP}). {help_text()}")
     common.add_argument("--backend", default="auto", choices=["auto", "hf", "llama.cpp", "native"],
                         help="native: specdecode's own PyTorch Llama (static KV cache, 4-bit or bf16 products, "
                              "C kernels); hf: transformers; llama.cpp: llama-cpp-python on a .gguf file; auto "
@@ -48,6 +38,9 @@ def _model_options(with_draft: bool = True) -> argparse.ArgumentParser:
                             help="a draft model stops proposing when its top probability falls below this "
                                  "(default 0: always propose gamma tokens)")
     common.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's setting)")
+    common.add_argument("-c", "--ctx-size", type=int, default=defaults.CONTEXT,
+                        help=f"positions the target's cache holds: prompt and output together (default "
+                             f"{defaults.CONTEXT}, or the model's own window where smaller; llama-server's -c)")
     common.add_argument("--kernels", default=None, choices=["auto", *PATHS],
                         help="the native backend's kernel path (default: $SPECDECODE_KERNELS, else the best this "
                              "CPU runs; `specdecode info` shows the plan)")

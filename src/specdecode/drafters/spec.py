@@ -1,28 +1,9 @@
 """One place that turns a draft spec into a drafter, for the CLI, the benchmark and the server.
 
-    lookup            prompt lookup (copy from the context)
-    auto              the model-free source that prices best before each call, chosen per call: prompt
-                      lookup, the shared n-gram pool, or lookup continued by the pool (`drafters.auto`)
-    pool              the n-gram pool every request feeds and drafts from: long chains where earlier
-                      requests or this one repeat (`drafters.pool`; llama.cpp's ngram-mod family)
-    suffix            suffix drafting: the most frequent continuation of the longest earlier match, in
-                      the context or (with a shared cache) in earlier outputs
-    ngram:FILE.npz    an n-gram model fitted with `specdecode ngram fit`
-    trained           the draft network shipped for the embedded target
-    eagle             the feature draft shipped for the embedded target (native backend: it reads the
-                      target's own features, `drafters.eagle`)
-    eagle:PATH        a feature draft trained by `specdecode distill --eagle`
-    PATH              a draft model: a .gguf file, a transformers directory, or a `distill` output; one
-                      with another tokenizer than the target's drafts its text re-tokenised for the
-                      target when greedy, among the tokens both share when sampling
-                      (`cross.CrossVocabDrafter`)
-    text:PATH         a draft model with another tokenizer whose greedy text is re-tokenised for the
-                      target whatever the sampling (`cross.TextDrafter`)
-    lookup+MODEL      prompt lookup where the text repeats, MODEL (trained, eagle[:PATH] or a PATH) elsewhere
-    module:Name       a drafter of your own: `Name` in an importable module (the current directory
-                      is searched first), a class or function called with the target model (with
-                      nothing where it has no required argument) that returns a `Drafter`
-    NAME              a drafter a package registers under the `specdecode.drafters` entry point group
+`KINDS` is the table of what a spec can name: its spelling, one line on what it does, and, for a
+drafter without a draft model, how it is built and what one server draft shares among its
+requests. The command line's help, the error for an unknown name, the server's shared memories
+and Ray's routing all read it; a new built-in drafter is one entry there.
 """
 
 from __future__ import annotations
@@ -34,7 +15,7 @@ import re
 import sys
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:  # the command line's parser reads this module's names without importing torch
     from ..models.base import Model
@@ -43,16 +24,148 @@ LOOKUP = "lookup"
 SUFFIX = "suffix"
 AUTO = "auto"
 POOL = "pool"
-REMEMBERS = (SUFFIX, POOL, AUTO)  # drafters whose memory of earlier requests a server shares among requests
-MODEL_FREE = (LOOKUP, AUTO, POOL, SUFFIX)
 TRAINED = "trained"
 EAGLE = "eagle"
 HYBRID = "lookup+"
 NGRAM = "ngram:"
 TEXT = "text:"
 ENTRY_POINTS = "specdecode.drafters"
-DRAFTER_NAMES = ("lookup, auto, pool, suffix, trained, eagle, eagle:DIR, ngram:FILE.npz, lookup+MODEL, text:PATH, "
-                 "module:Name, or a draft model's path (a .gguf file or a transformers directory)")
+
+
+def _trees(target: Model) -> bool:
+    """Whether the target verifies a tree in one call (else a drafter proposes chains)."""
+    from ..models.base import capabilities
+
+    return capabilities(target).supports_trees
+
+
+def _lookup(argument: str, target: Model, memory):
+    from .lookup import PromptLookupDrafter
+
+    return PromptLookupDrafter()
+
+
+def _suffix(argument: str, target: Model, memory):
+    from .suffix import SuffixDrafter
+
+    return SuffixDrafter(memory, trees=_trees(target))
+
+
+def _suffix_memory(target: Model, max_gamma: int):
+    from .suffix import SuffixCache
+
+    return SuffixCache()
+
+
+def _pool(argument: str, target: Model, memory):
+    from .pool import PoolDrafter
+
+    return PoolDrafter(memory)
+
+
+def _pool_memory(target: Model, max_gamma: int):
+    from .pool import NgramPool
+
+    return NgramPool()
+
+
+def _auto(argument: str, target: Model, memory):
+    from ..gamma import AUTO as MEASURED, as_policy
+    from .auto import AutoDrafter
+
+    pool, pricing = memory if memory is not None else (None, as_policy(MEASURED, target))
+    return AutoDrafter(pool, pricing=pricing)
+
+
+def _auto_memory(target: Model, max_gamma: int):
+    """The pool, and the target's verification curve (measured once) that prices auto's sources."""
+    from ..gamma import AUTO as MEASURED, as_policy
+
+    return _pool_memory(target, max_gamma), as_policy(MEASURED, target, max_gamma)
+
+
+def _ngram(argument: str, target: Model, memory):
+    from .ngram import NgramDrafter
+
+    return NgramDrafter.load(argument, trees=_trees(target))
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of drafter a spec names.
+
+    usage:   its spelling: a name ('lookup'), a prefix and its argument ('ngram:FILE.npz'), or a
+             placeholder for what is matched last (PATH, module:Name, NAME)
+    summary: what it does, in one line
+    build:   (argument after the prefix, target, memory) -> Drafter, for a drafter without a draft
+             model; None where the spec names a draft model or a drafter of the user's own
+    memory:  (target, max_gamma) -> what every request of one server draft shares (earlier
+             outputs, an n-gram pool); None for a drafter that remembers nothing between requests.
+             `build` gets None in its place when a drafter keeps its own memory (library, CLI).
+    """
+
+    usage: str
+    summary: str
+    build: Callable[[str, Model, Any], Any] | None = None
+    memory: Callable[[Model, int], Any] | None = None
+
+    @property
+    def prefix(self) -> str | None:
+        """'ngram:' for 'ngram:FILE.npz'; None for a plain name."""
+        head, colon, _ = self.usage.partition(":")
+        return head + colon if colon else None
+
+    def matches(self, spec: str) -> bool:
+        return spec.startswith(self.prefix) if self.prefix else spec == self.usage
+
+
+KINDS: tuple[Kind, ...] = (
+    Kind(LOOKUP, "prompt lookup: copies what followed the latest match of the context's last tokens "
+         "(the default)", _lookup),
+    Kind(AUTO, "the model-free source that prices best under the target's measured speed before each "
+         "call: prompt lookup, the shared n-gram pool, or lookup continued by the pool", _auto, _auto_memory),
+    Kind(POOL, "the n-gram pool every request feeds and drafts from: long chains where earlier requests "
+         "or this one repeat (llama.cpp's ngram-mod family)", _pool, _pool_memory),
+    Kind(SUFFIX, "suffix drafting: the most frequent continuation of the longest earlier match, in the "
+         "context or (served) in earlier outputs", _suffix, _suffix_memory),
+    Kind(NGRAM + "FILE.npz", "an n-gram model fitted with `specdecode ngram fit`", _ngram),
+    Kind(TRAINED, "the draft network shipped for the embedded target"),
+    Kind(EAGLE, "the feature draft shipped for the embedded target (native backend: it reads the "
+         "target's own features)"),
+    Kind(EAGLE + ":DIR", "a feature draft trained by `specdecode distill --eagle`"),
+    Kind("PATH", "a draft model: a .gguf file, a transformers directory or a `distill` output; one with "
+         "another tokenizer drafts its text re-tokenised when greedy, the tokens both share when sampling"),
+    Kind(TEXT + "PATH", "a draft model with another tokenizer whose greedy text is re-tokenised for the "
+         "target whatever the sampling"),
+    Kind(HYBRID + "MODEL", "prompt lookup where the text repeats, MODEL (trained, eagle[:DIR] or a PATH) "
+         "elsewhere, e.g. lookup+trained"),
+    Kind("module:Name", "a drafter of your own: a class or function in an importable module (the current "
+         "directory first), called with the target where it takes an argument, returning a Drafter"),
+    Kind("NAME", "a drafter a package registers under the `specdecode.drafters` entry point group"),
+)
+
+
+def drafter_names() -> str:
+    """Every spelling a spec may take, for messages that list them."""
+    return ", ".join(kind.usage for kind in KINDS)
+
+
+def built_in(spec: str) -> Kind | None:
+    """The kind of a drafter without a draft model that `spec` names, or None."""
+    return next((kind for kind in KINDS if kind.build is not None and kind.matches(spec)), None)
+
+
+def remembers(spec: str) -> bool:
+    """Whether a server shares this drafter's memory among the requests that use it."""
+    kind = built_in(spec)
+    return kind is not None and kind.memory is not None
+
+
+def help_text() -> str:
+    """The drafters as the command line's help lists them."""
+    return "; ".join(f"{kind.usage}: {kind.summary}" for kind in KINDS)
+
+
 _USER = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")  # module:Name (or module:Class.method)
 
 
@@ -114,8 +227,7 @@ class DraftSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, str) or not self.spec.strip():
-            raise ValueError("the draft spec is empty; use 'lookup', 'auto', 'pool', 'suffix', 'trained', 'ngram:FILE', "
-                             "lookup+MODEL or a path")
+            raise ValueError(f"the draft spec is empty; the drafters: {drafter_names()}")
         if self.spec.startswith(NGRAM) and not self.spec[len(NGRAM):]:
             raise ValueError("ngram: needs a file, e.g. ngram:bigram.npz")
         if self.spec.startswith(HYBRID) and not self.spec[len(HYBRID):]:
@@ -135,7 +247,7 @@ class DraftSpec:
                 existing_model_path(path)  # its sentence: no such path, or a hub id
             except FileNotFoundError as err:
                 raise ValueError(f"--draft {self.spec}: no drafter has that name, and {err}. The drafters: "
-                                 f"{DRAFTER_NAMES}") from None
+                                 f"{drafter_names()}") from None
 
     @property
     def is_eagle(self) -> bool:
@@ -145,7 +257,7 @@ class DraftSpec:
     @property
     def is_user(self) -> bool:
         """A drafter of the user's own (module:Name, or a registered entry-point name), not a path."""
-        if self.spec in (*MODEL_FREE, TRAINED) or self.spec.startswith((NGRAM, HYBRID, TEXT)) or self.is_eagle:
+        if built_in(self.spec) or self.spec == TRAINED or self.spec.startswith((HYBRID, TEXT)) or self.is_eagle:
             return False
         if os.path.exists(self.spec):
             return False
@@ -154,7 +266,7 @@ class DraftSpec:
     @property
     def model_path(self) -> str | None:
         """The draft model this spec loads, or None for a drafter without one."""
-        if self.spec in MODEL_FREE or self.spec.startswith(NGRAM) or self.is_user:
+        if built_in(self.spec) or self.is_user:
             return None
         path = self.spec
         for prefix in (HYBRID, TEXT):
@@ -198,33 +310,17 @@ def model_drafter(spec: DraftSpec, target: Model, draft_model: Model):
 
 
 def make_drafter(spec: DraftSpec | str, target: Model, draft_model: Model | None = None, *, backend: str = "auto",
-                 dtype: str = "auto", device: str | None = None, threads: int | None = None,
-                 suffix_cache=None, pool=None, pricing=None):
+                 dtype: str = "auto", device: str | None = None, threads: int | None = None, memory=None):
     """The drafter a spec names. `draft_model` reuses an already loaded draft model (a server builds
     a fresh drafter per request around one loaded model); else it is loaded with these settings.
-    `suffix_cache` (a `SuffixCache`) is the memory of earlier outputs a suffix drafter shares, `pool`
-    (an `NgramPool`) the one a pool or auto drafter shares; `pricing` (an `AdaptiveGamma`) the
-    verification curve auto prices its sources by (default: the target's, `gamma.as_policy`)."""
-    from ..models.base import capabilities
-    from . import LookupThenModelDrafter, NgramDrafter, PromptLookupDrafter, SuffixDrafter
+    `memory` is what the requests of one server draft share, made once by its kind's `memory`
+    (None: the drafter keeps its own)."""
+    from .hybrid import LookupThenModelDrafter
 
     spec = spec if isinstance(spec, DraftSpec) else DraftSpec(spec)
-    if spec.spec == LOOKUP:
-        return PromptLookupDrafter()
-    trees = capabilities(target).supports_trees  # where the target verifies them in one call, else chains
-    if spec.spec == SUFFIX:
-        return SuffixDrafter(suffix_cache, trees=trees)
-    if spec.spec == POOL:
-        from .pool import PoolDrafter
-
-        return PoolDrafter(pool)
-    if spec.spec == AUTO:
-        from ..gamma import AUTO as MEASURED, as_policy
-        from .auto import AutoDrafter
-
-        return AutoDrafter(pool, pricing=pricing if pricing is not None else as_policy(MEASURED, target))
-    if spec.spec.startswith(NGRAM):
-        return NgramDrafter.load(spec.spec[len(NGRAM):], trees=trees)
+    kind = built_in(spec.spec)
+    if kind is not None:
+        return kind.build(spec.spec[len(kind.prefix or ""):], target, memory)
     if spec.is_user:
         return build_user_drafter(spec.spec, target)
     inner = DraftSpec(spec.spec[len(HYBRID):]) if spec.spec.startswith(HYBRID) else spec

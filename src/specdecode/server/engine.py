@@ -22,10 +22,7 @@ import torch
 from .. import defaults
 from ..batch import Batch, BatchRequest
 from ..decode import token_logprobs
-from ..drafters.pool import NgramPool
-from ..drafters.spec import AUTO, POOL, SUFFIX, DraftSpec, load_draft_model, make_drafter
-from ..drafters.suffix import SuffixCache
-from ..gamma import as_policy
+from ..drafters.spec import DraftSpec, built_in, load_draft_model, make_drafter
 from ..checks import check_queue_size
 from ..models.base import request_cache
 from ..scheduler import Scheduler
@@ -76,20 +73,15 @@ class Engine:
         self._factories = {}
         for name, spec in drafts.items():  # draft models load now, once; drafters are made per request
             spec = DraftSpec(spec)
-            model = cache = pool = pricing = None
+            model = memory = None
             if spec.model_path is not None:
                 model = load_draft_model(spec.model_path, target, **load_options)
-            if spec.spec == SUFFIX:  # one memory of earlier outputs, shared by the draft's requests
-                cache = SuffixCache()
-            if spec.spec in (POOL, AUTO):  # one n-gram pool every request of the draft feeds and drafts from
-                pool = NgramPool()
-            if spec.spec == AUTO:  # the target's verification curve, measured once, prices auto's sources
-                pricing = as_policy("auto", target, max_gamma)
+            if (kind := built_in(spec.spec)) is not None and kind.memory is not None:
+                memory = kind.memory(target, max_gamma)  # earlier outputs, an n-gram pool: shared by its requests
             # p_min: a request's own confidence below which a draft model stops (llama-server's speculative.p_min)
-            self._factories[name] = (lambda p_min=None, spec=spec, model=model, cache=cache, pool=pool, pricing=pricing:
+            self._factories[name] = (lambda p_min=None, spec=spec, model=model, memory=memory:
                                      make_drafter(spec if p_min is None else replace(spec, min_confidence=p_min),
-                                                  target, draft_model=model, suffix_cache=cache, pool=pool,
-                                                  pricing=pricing))
+                                                  target, draft_model=model, memory=memory))
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self._admitted = 0  # waiting + decoding

@@ -51,7 +51,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from ..drafters.spec import REMEMBERS
+from ..drafters.spec import remembers
 from ..checks import check_positive_settings, option_name
 from .build import ServeOptions, api_key_from_environment, build_app
 from .request import RequestError
@@ -84,7 +84,7 @@ def route_key(body: bytes, default_draft: str) -> str | None:
         return None
     extension = request.get("specdecode")
     draft = extension.get("draft") if isinstance(extension, dict) and extension.get("draft") else default_draft
-    if draft not in REMEMBERS:
+    if not isinstance(draft, str) or not remembers(draft):
         return None
     if isinstance(request.get("user"), str) and request["user"]:
         return "user:" + request["user"]
@@ -386,9 +386,10 @@ def _gamma_value(text: str) -> int | str:
 FLAGS = {"metrics_open", "ray"}
 # `specdecode serve`'s options that take a value: how `serve run` reads it (a name: one of those choices)
 VALUES = {"target": str, "draft": str, "backend": "backends", "draft_backend": "backends",
-          "min_draft_confidence": float, "threads": int, "kernels": "kernels", "dtype": str, "device": str,
-          "also_draft": str, "gamma": _gamma_value, "max_gamma": int, "host": str, "port": int, "model_name": str,
-          "max_batch": int, "prompt_rows": int, "max_queue": int, "max_tokens": int, "api_key": str, "max_body_bytes": int,
+          "min_draft_confidence": float, "threads": int, "ctx_size": int, "prefix_memory": int,
+          "kernels": "kernels", "dtype": str, "device": str, "also_draft": str, "gamma": _gamma_value,
+          "max_gamma": int, "host": str, "port": int, "model_name": str, "max_batch": int, "prompt_rows": int,
+          "max_queue": int, "max_tokens": int, "api_key": str, "max_body_bytes": int,
           "replicas": int, "min_replicas": int, "max_replicas": int, "address": str}
 SCALING = ("replicas", "min_replicas", "max_replicas", "address")
 
