@@ -72,6 +72,26 @@ def test_replica_options_fixed_or_autoscaling(on_ray):
     assert (config.min_replicas, config.max_replicas, config.initial_replicas) == (1, 4, 2)
 
 
+def test_serve_run_takes_every_option_of_specdecode_serve_as_a_key(on_ray):
+    """`serve run specdecode.server.ray:app_builder KEY=VALUE`: each option `specdecode serve` takes is
+    a key, read as the command line reads it; anything else is refused whole."""
+    import argparse
+
+    from specdecode.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    serve = commands.choices["serve"]
+    taking = {a.dest for a in serve._actions if a.option_strings and a.nargs != 0}
+    flags = {a.dest for a in serve._actions if a.option_strings and a.nargs == 0} - {"help"}
+    assert taking <= set(on_ray.VALUES) and flags <= on_ray.FLAGS | {"ray"}, (taking - set(on_ray.VALUES), flags)
+    options = on_ray.options_from_config({"ctx_size": "512", "prefix_memory": "64", "max_batch": "4",
+                                          "metrics_open": "true", "also_draft": "pool", "replicas": "2"})
+    assert (options.serve.ctx_size, options.serve.prefix_memory, options.serve.max_batch) == (512, 64, 4)
+    assert options.serve.metrics_open and options.serve.also_drafts == ("pool",) and options.replicas == 2
+    with pytest.raises(ValueError, match="not `specdecode serve`'s: --ctx-size x"):
+        on_ray.options_from_config({"ctx_size": "x"})
+
+
 def test_the_conversation_key_follows_the_first_user_message_or_the_user_field(on_ray):
     key = on_ray.route_key
 

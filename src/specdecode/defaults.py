@@ -1,6 +1,7 @@
 """Every setting's default, written once: the command line's options, the server's `ServeOptions`,
 its `Engine` and the batch engine `Batch` all take theirs from here (a test checks that they agree)."""
 
+CONTEXT = 4096  # positions a model's cache holds, at most (the model's own window where smaller)
 MAX_GAMMA = 8  # the widest draft `--gamma auto` plans
 MAX_BATCH = 16  # requests decoded together, one target forward a step
 PROMPT_ROWS = 256  # prompt tokens a step feeds beside the other requests' decode rows

@@ -22,7 +22,7 @@ def load_target(args: argparse.Namespace):
     """The target of --target, on --backend (auto: chosen here), --dtype, --device, --threads."""
     from ..models.load import load_model
 
-    return load_model(args.target, args.backend, args.dtype, args.device, args.threads)
+    return load_model(args.target, args.backend, args.dtype, args.device, args.threads, n_ctx=args.ctx_size)
 
 
 def backend_of(target) -> str:

@@ -21,7 +21,7 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
     from ..server.build import ServeOptions, api_key_from_environment
 
     return ServeOptions(target=args.target, backend=args.backend, dtype=args.dtype, device=args.device,
-                        threads=args.threads, kernels=args.kernels, draft=args.draft,
+                        threads=args.threads, ctx_size=args.ctx_size, kernels=args.kernels, draft=args.draft,
                         also_drafts=tuple(args.also_draft), draft_backend=args.draft_backend, gamma=args.gamma,
                         max_gamma=args.max_gamma, model_names=tuple(args.model_name or ()), max_batch=args.max_batch,
                         prompt_rows=args.prompt_rows, prefix_memory=args.prefix_memory,

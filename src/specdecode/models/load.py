@@ -6,6 +6,8 @@ is measured faster on this machine (`choose.py`; `model.backend_choice` says why
 
 from __future__ import annotations
 
+from .. import defaults
+
 import gc
 import json
 from pathlib import Path
@@ -54,7 +56,7 @@ def auto_backend(path: str | None, device: str | None = None) -> tuple[str, str]
 
 
 def load_model(path: str | None = None, backend: str = "auto", dtype: str = "auto", device: str | None = None,
-               threads: int | None = None, n_ctx: int = 4096, choose_by_speed: bool = True,
+               threads: int | None = None, n_ctx: int = defaults.CONTEXT, choose_by_speed: bool = True,
                measure_again: bool = False):
     """Load a model by path (None: the embedded default target) on the chosen backend.
 
@@ -68,6 +70,8 @@ def load_model(path: str | None = None, backend: str = "auto", dtype: str = "aut
     from .files import existing_model_path
 
     check_device(device)  # before anything slow: a device this torch cannot use, a path that is not a model
+    if not isinstance(n_ctx, int) or n_ctx < 1:
+        raise ValueError(f"the context (--ctx-size, n_ctx) must be a whole number of positions >= 1, got {n_ctx!r}")
     if path is not None and not is_draftnet(path):
         existing_model_path(path)
     with waiting(f"loading {Path(path).name if path else 'the embedded model'}"):

@@ -39,6 +39,7 @@ class ServeOptions:
     dtype: str = "auto"
     device: str | None = None
     threads: int | None = None
+    ctx_size: int = defaults.CONTEXT  # positions the target's cache holds (its own window where smaller)
     # The native backend's kernel path. The backend reads it from $SPECDECODE_KERNELS, for the whole
     # process: the process's entry point sets it (the command line, each Ray replica), not build_app.
     kernels: str | None = None
@@ -62,7 +63,7 @@ class ServeOptions:
     def __post_init__(self) -> None:
         if self.gamma != "auto":
             check_gamma(self.gamma, "--gamma")
-        check_positive_settings(self, "max_gamma", "max_tokens", "max_body_bytes", "max_batch", "prompt_rows")
+        check_positive_settings(self, "ctx_size", "max_gamma", "max_tokens", "max_body_bytes", "max_batch", "prompt_rows")
         if not isinstance(self.prefix_memory, int) or self.prefix_memory < 0:
             raise ValueError(f"--prefix-memory must be a whole number of MiB >= 0, got {self.prefix_memory!r}")
         check_queue_size("--max-queue", self.max_queue)
@@ -91,7 +92,8 @@ def load_target(options: ServeOptions):
     """The target model the options name, loaded in this process."""
     from ..models.load import load_model
 
-    return load_model(options.target, options.backend, options.dtype, options.device, options.threads)
+    return load_model(options.target, options.backend, options.dtype, options.device, options.threads,
+                      n_ctx=options.ctx_size)
 
 
 def build_app(options: ServeOptions, target=None) -> Served:
