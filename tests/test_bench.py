@@ -31,13 +31,13 @@ def prompts(tmp_path):
 
 def test_bench_writes_table_json_and_charts(prompts, tmp_path):
     out = tmp_path / "bench"
-    result = run("bench", "--backend", "hf", "--prompts", str(prompts), "--gamma", "2", "--max-new-tokens", "12",
+    result = run("bench", "--backend", "llama.cpp", "--prompts", str(prompts), "--gamma", "2", "--max-new-tokens", "12",
                  "--temperatures", "0", "1", "--out", str(out))
     assert result.returncode == 0, result.stderr[-2000:]
     record = json.loads((out / "results.json").read_text())
     rows = {(r["task"], r["method"], r["temperature"]): r for r in record["rows"]}
     for temperature in (0.0, 1.0):
-        for method in ("baseline", "lookup g=2", "hf", "hf-lookup g=10"):
+        for method in ("baseline", "lookup g=2", "llama.cpp", "llama.cpp-lookup g=10"):
             assert ("overall", method, temperature) in rows
         assert rows[("summarization", "baseline", temperature)]["speedup"] == 1.0
     lookup = rows[("summarization", "lookup g=2", 0.0)]

@@ -29,10 +29,11 @@ def server():
 
 
 def test_schemathesis_with_every_check_finds_nothing(server, tmp_path):
-    """100 examples an operation, one fixed seed, every check: exit 0 and "No issues found"."""
+    """40 examples an operation, one fixed seed, every check: exit 0 and "No issues found" (a wider
+    run with other seeds is recorded with the server's benchmarks)."""
     cli = Path(sys.executable).with_name("schemathesis")
     run = subprocess.run([str(cli), "run", server + "/openapi.json", "--checks", "all", "--seed", str(SEED),
-                          "--max-examples", "100", "--request-timeout", "120"],
+                          "--max-examples", "40", "--request-timeout", "120"],
                          capture_output=True, text=True, timeout=900, cwd=tmp_path,
                          env={**os.environ, "NO_COLOR": "1"})
     assert run.returncode == 0 and "No issues found" in run.stdout, run.stdout[-6000:]
