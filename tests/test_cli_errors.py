@@ -61,7 +61,7 @@ def test_a_mistake_is_one_sentence_naming_it_before_any_loading(capsys, bad_file
     assert code == 2 and says in err and "Traceback" not in err, err
     assert err.count("\n") == 1  # one line
     if "--draft" in args:
-        assert "lookup, auto, pool, suffix, trained" in err  # the drafter names it could have meant
+        assert "lookup, auto, pool, suffix, ngram:FILE.npz, trained" in err  # the drafter names it could have meant
 
 
 def test_help_and_version_answer_without_importing_torch():

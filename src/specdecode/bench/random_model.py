@@ -5,6 +5,7 @@ check the native backend against llama.cpp on, and what benchmarks/size_sweep.py
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -14,23 +15,30 @@ from specdecode.models.default import default_target_path
 FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K_M", "Q5_K_M", "F16")
 
 
+@lru_cache(maxsize=4)
+def _tokenizer_fields(source: Path) -> tuple:
+    """Every tokenizer.* field of the GGUF file `source`: (key, type, contents, array item type),
+    read once a process (`gguf`'s reader takes seconds over a 49,152-token vocabulary)."""
+    import gguf
+
+    reader = gguf.GGUFReader(source)
+    return tuple((key, field.types[0], field.contents(), field.types[-1])
+                 for key, field in reader.fields.items() if key.startswith("tokenizer."))
+
+
 def _copy_tokenizer(writer, source: Path, vocab: int) -> None:
     """Every tokenizer.* field of the GGUF file `source` (the embedded model's: vocabulary, merges,
     special ids, chat template), its vocabulary padded to `vocab` entries with plain tokens no merge
     reaches (`tok<id>`): a Llama 3-sized table and head, with the embedded model's tokenisation."""
     import gguf
 
-    reader = gguf.GGUFReader(source)
-    for key, field in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        kind, contents = field.types[0], field.contents()
+    for key, kind, contents, item in _tokenizer_fields(source):
         if key == "tokenizer.ggml.tokens":
-            contents += [f"tok{i}" for i in range(len(contents), vocab)]
+            contents = contents + [f"tok{i}" for i in range(len(contents), vocab)]
         elif key == "tokenizer.ggml.token_type":
-            contents += [int(gguf.TokenType.NORMAL)] * (vocab - len(contents))
+            contents = contents + [int(gguf.TokenType.NORMAL)] * (vocab - len(contents))
         if kind == gguf.GGUFValueType.ARRAY:
-            writer.add_key_value(key, contents, kind, sub_type=field.types[-1])
+            writer.add_key_value(key, contents, kind, sub_type=item)
         else:
             writer.add_key_value(key, contents, kind)
 
