@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -28,6 +27,20 @@ def test_the_readme_has_the_blocks_these_tests_run():
     assert len(blocks("python")) >= 4 and any("generate" in b for b in blocks("bash"))
 
 
+def test_the_readme_is_short_and_each_speed_claim_names_its_results_file():
+    """At most 350 lines; a paragraph, list item or table row that claims a speed (a ratio, tokens/s,
+    a time) names the file under benchmarks/results/ that measured it."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 350
+    prose = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+    pieces = [item for paragraph in re.split(r"\n\s*\n", prose) for item in re.split(r"\n(?=\s*[-*] |\|)", paragraph)]
+    claim = re.compile(r"\d(\.\d+)?x\b|\d+(\.\d+)? tokens/s|\d+(\.\d+)? ?ms\b| \d+(\.\d+)? s\b")
+    unsourced = [piece for piece in pieces if claim.search(piece) and "benchmarks/results/" not in piece]
+    assert not unsourced, unsourced
+    assert claim.search("ran at 1.18x plain") and claim.search("146 tokens/s")  # the pattern sees claims
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(blocks("python"))))
 def test_every_python_block_runs_as_written(index, tmp_path):
     code = blocks("python")[index]
@@ -49,6 +62,7 @@ def test_every_python_block_runs_as_written(index, tmp_path):
     assert result.stdout.strip(), code  # every example prints something
 
 
+@pytest.mark.slow
 def test_the_quick_shell_commands_run_as_written(tmp_path):
     root = README.parent
     for block in blocks("bash"):
