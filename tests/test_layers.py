@@ -228,3 +228,22 @@ def test_a_built_in_drafter_is_one_entry_of_the_kinds_table(monkeypatch):
         assert made[1:] == [{"shared by": "the draft's requests"}] * 2 and made[1] is made[2]
     finally:
         engine.close()
+
+
+def test_a_requests_decoding_fields_are_one_object_from_parsing_to_the_batch():
+    """The server's parsed `Request` carries its decoding fields in one `batch.Settings`, the object
+    `Batch.submit` takes, and restates none of them."""
+    import inspect
+    from dataclasses import fields
+
+    from specdecode.batch import Batch, Settings
+    from specdecode.server.request import Request, parse_request
+
+    decoding = {f.name for f in fields(Settings)}
+    assert not {f.name for f in fields(Request)} & (decoding | {"max_tokens", "n_max", "n_min"})
+    assert list(inspect.signature(Batch.submit).parameters)[:4] == ["self", "prompt_ids", "drafter", "settings"]
+    request = parse_request({"model": "m", "prompt": "hi", "max_tokens": 5, "seed": 3, "stop": ["x"], "temperature": 0,
+                             "speculative": {"n_max": 2, "n_min": 1}, "specdecode": {"gamma": 4}}, "completion")
+    assert request.settings == Settings(gamma=4, params=request.settings.params, max_new_tokens=5, seed=3,
+                                        stop=("x",), max_draft=2, min_draft=1)
+    assert request.settings.params.temperature == 0

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Sequence
 
 from . import defaults
@@ -41,22 +41,32 @@ from .stats import Stats
 from .text import TextPieces, TextStep
 
 
+@dataclass(frozen=True)
+class Settings:
+    """How one request decodes: the one object a request's fields travel in, from the server's
+    parsing of a body (`server.request.Request.settings`) or a library call to the batch and its
+    `Decoding`. `Batch.submit` takes it, or these fields by name."""
+
+    gamma: int | str | GammaPolicy | None = None  # None: the batch's default (`--gamma auto`)
+    params: SamplingParams = SamplingParams()
+    max_new_tokens: int = 128
+    lenience: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None  # alternatives each token's log-probability lists (None: none)
+    grammar: Grammar | None = None  # what the output follows (`grammar.Grammar`)
+    max_draft: int | None = None  # the longest draft it verifies (`Decoding`; 0: none; None: no cap)
+    min_draft: int = 0  # deterministic drafts shorter than this are not verified
+
+
 @dataclass(eq=False)
 class BatchRequest:
     """One request in a `Batch`: its settings, its statistics, and how it ended."""
 
     prompt_ids: list[int]
     drafter: Drafter | None
-    gamma: int | str | GammaPolicy
-    params: SamplingParams
-    max_new_tokens: int
-    lenience: float
-    seed: int | None
-    stop: tuple[str, ...]
-    logprobs: int | None = None  # alternatives each token's log-probability lists (None: none)
-    constraint: Constraint | None = None  # a grammar the output follows (`grammar.Constraint`)
-    max_draft: int | None = None  # the longest draft it verifies (`Decoding`; 0: none)
-    min_draft: int = 0  # deterministic drafts shorter than this are not verified
+    settings: Settings
+    constraint: Constraint | None = None  # its grammar compiled for the target (`grammar.Constraint`)
     id: int = 0
     stats: Stats = field(default_factory=Stats)
     text: str = ""  # the text handed out so far
@@ -102,27 +112,28 @@ class Batch:
         self._prefilling: dict[int, tuple] = {}  # request id -> (its prefill call, prompt tokens fed so far)
         self.last_forward: tuple[int, int] | None = None  # the last step's decode forward: (requests, rows)
 
-    def submit(self, prompt_ids: Sequence[int], drafter: Drafter | None = None, *, gamma: int | str = AUTO,
-               params: SamplingParams = SamplingParams(), max_new_tokens: int = 128, lenience: float = 1.0,
-               seed: int | None = None, stop: Sequence[str] = (), stats: Stats | None = None,
-               logprobs: int | None = None, grammar: Grammar | None = None, max_draft: int | None = None,
-               min_draft: int = 0) -> BatchRequest:
-        """Queue a request (plain decoding when `drafter` is None); bad settings raise ValueError here
-        (a grammar that does not compile: `grammar.GrammarError`). `stats`: filled in as the request
-        decodes (a fresh one by default); `grammar`: what the output follows (`grammar.Grammar`);
-        `max_draft`, `min_draft`: the longest draft it verifies and the shortest deterministic one
-        (`Decoding`)."""
+    def submit(self, prompt_ids: Sequence[int], drafter: Drafter | None = None, settings: Settings = Settings(), *,
+               stats: Stats | None = None, **fields) -> BatchRequest:
+        """Queue a request (plain decoding when `drafter` is None) with its `Settings`, or the same
+        fields by name (which override `settings`'); bad settings raise ValueError here (a grammar
+        that does not compile: `grammar.GrammarError`). `stats`: filled in as the request decodes (a
+        fresh one by default)."""
+        try:
+            settings = replace(settings, **fields)
+        except TypeError as err:
+            raise TypeError(f"Batch.submit: {err}; its settings are the fields of batch.Settings") from None
         prompt_ids = list(prompt_ids)
-        check_request(self.target, prompt_ids, max_new_tokens)
-        check_lenience(lenience)
+        check_request(self.target, prompt_ids, settings.max_new_tokens)
+        check_lenience(settings.lenience)
+        gamma = AUTO if settings.gamma is None else settings.gamma
         if drafter is None:
             drafter, gamma = PromptLookupDrafter(), 0  # gamma 0: never asked to draft
         if gamma != AUTO:
             as_policy(gamma)  # checks it
-        request = BatchRequest(prompt_ids, drafter, gamma, params, max_new_tokens, lenience, seed,
-                               check_stop(stop), check_logprobs(logprobs), constraint_for(grammar, self.target),
-                               max_draft, min_draft, id=next(self._ids),
-                               stats=Stats() if stats is None else stats)
+        settings = replace(settings, gamma=gamma, stop=check_stop(settings.stop),
+                           logprobs=check_logprobs(settings.logprobs))
+        request = BatchRequest(prompt_ids, drafter, settings, constraint_for(settings.grammar, self.target),
+                               id=next(self._ids), stats=Stats() if stats is None else stats)
         request.started = self.clock()
         self.waiting.append(request)
         return request
@@ -174,17 +185,18 @@ class Batch:
 
     def _admit(self, r: BatchRequest) -> None:
         try:
-            cache = request_cache(self.target, len(r.prompt_ids) + r.max_new_tokens)
-            r.decoding = Decoding(self.target, r.drafter, r.prompt_ids, gamma=self._policy(r.gamma), params=r.params,
-                                  max_new_tokens=r.max_new_tokens, lenience=r.lenience, seed=r.seed, cache=cache,
-                                  clock=self.clock, logprobs=r.logprobs, constraint=r.constraint,
-                                  max_draft=r.max_draft, min_draft=r.min_draft)
+            s = r.settings
+            cache = request_cache(self.target, len(r.prompt_ids) + s.max_new_tokens)
+            r.decoding = Decoding(self.target, r.drafter, r.prompt_ids, gamma=self._policy(s.gamma), params=s.params,
+                                  max_new_tokens=s.max_new_tokens, lenience=s.lenience, seed=s.seed, cache=cache,
+                                  clock=self.clock, logprobs=s.logprobs, constraint=r.constraint,
+                                  max_draft=s.max_draft, min_draft=s.min_draft)
             if self.prefixes is not None:  # a shared prefix of the prompt, computed once already
                 self.prefixes.fill(r.prompt_ids, cache)
         except Exception as err:  # noqa: BLE001  (a request that cannot start fails alone)
             r.error, r.finish_reason = f"{type(err).__name__}: {err}", "error"
             return
-        r.pieces = TextPieces(self.target.tokenizer, r.stop, r.stats)
+        r.pieces = TextPieces(self.target.tokenizer, r.settings.stop, r.stats)
         self.active.append(r)
 
     def _prefill_chunk(self, r: BatchRequest, out: list) -> None:

@@ -151,13 +151,13 @@ class Engine:
             self._end(None, job)
             return
         try:
-            if request.echo and request.logprobs is not None:
-                job.prompt_logprobs = self._prompt_logprobs(job.prompt_ids, request.logprobs)
+            settings = request.settings
+            if request.echo and settings.logprobs is not None:
+                job.prompt_logprobs = self._prompt_logprobs(job.prompt_ids, settings.logprobs)
             drafter = self._factories[request.draft or self.default_draft](p_min=request.p_min)
-            r = self._batch.submit(job.prompt_ids, drafter, gamma=self.gamma if request.gamma is None else request.gamma,
-                                   params=request.params, max_new_tokens=request.max_tokens, lenience=request.lenience,
-                                   seed=request.seed, stop=request.stop, stats=job.stats, logprobs=request.logprobs,
-                                   grammar=request.grammar, max_draft=request.n_max, min_draft=request.n_min)
+            if settings.gamma is None:
+                settings = replace(settings, gamma=self.gamma)  # the server's --gamma
+            r = self._batch.submit(job.prompt_ids, drafter, settings, stats=job.stats)
         except Exception as err:  # a request that cannot start fails alone
             job.emit("error", f"generation failed: {type(err).__name__}: {err}")
             self._end(None, job)

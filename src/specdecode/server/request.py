@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from ..batch import Settings
 from ..checks import MAX_TOP_LOGPROBS, check_lenience
 from ..grammar import Grammar, GrammarError
 from ..sampling import SamplingParams
@@ -100,29 +101,24 @@ class Limits:
 
 @dataclass(frozen=True)
 class Request:
+    """A generation request as parsed: what it asks for, and `settings`, the one object its decoding
+    fields travel in to the batch (`batch.Settings`: max_tokens is its max_new_tokens, speculative's
+    n_max and n_min its max_draft and min_draft, gamma None the server's --gamma)."""
+
     kind: str  # "chat" or "completion"
     model: str
     messages: tuple[dict, ...] | None  # chat
     prompt: str | tuple[int, ...] | None  # completion: text, or token ids as OpenAI's API allows (the first)
-    max_tokens: int
-    params: SamplingParams
+    settings: Settings
     max_tokens_param: str | None = None  # the field that set max_tokens; None: the server's default
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
     draft: str | None = None  # None: the server's default drafter
-    gamma: int | str | None = None  # None: the server's default
-    lenience: float = 1.0
-    logprobs: int | None = None  # each token's log-probability with this many alternatives; None: none
     echo: bool = False  # completions: the prompt before the completion (with its log-probabilities)
     prompts: tuple = ()  # completions: every prompt of the request (a choice each); `prompt` is the first
     n: int = 1  # choices to sample for the prompt, each with its own seed (the request's plus its index)
-    grammar: Grammar | None = None  # what the output must follow: a response_format's schema, or the extension's
     tools: Any = None  # chat: the functions the model may call (`tools.Tools`), None without
     trace: bool = False  # the extension's `trace`: each target call's tokens in the reply (`trace.py`)
-    n_max: int | None = None  # speculative.n_max: the longest draft (0: no speculation); None: the server's
-    n_min: int = 0  # speculative.n_min: deterministic drafts shorter than this are not verified
     p_min: float | None = None  # speculative.p_min: a draft model stops below this top probability
     best_of: int = 1  # completions: choices sampled, of which the n best (mean token log-probability) return
 
@@ -564,16 +560,18 @@ def parse_request(body: Any, kind: str, limits: Limits = Limits()) -> Request:
     logprobs = _logprobs(body, kind)
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
+    speculative = _speculative(body, limits)
+    settings = Settings(
+        gamma=ext.get("gamma"),
+        params=SamplingParams(temperature=temperature, top_p=top_p, top_k=ext.get("top_k", 0), **_controls(body)),
+        max_new_tokens=max_tokens, lenience=ext.get("lenience", 1.0), seed=seed, stop=_stop(body),
+        logprobs=logprobs, grammar=grammar, max_draft=speculative.get("n_max"), min_draft=speculative.get("n_min", 0))
     return Request(
         kind=kind, model=model,
         messages=_messages(body) if kind == "chat" else None,
-        prompt=prompts[0] if prompts else None, prompts=prompts,
-        max_tokens=max_tokens, max_tokens_param=name,
-        params=SamplingParams(temperature=temperature, top_p=top_p, top_k=ext.get("top_k", 0), **_controls(body)),
-        stop=_stop(body), seed=seed, stream=stream, include_usage=stream and include_usage,
-        draft=ext.get("draft"), gamma=ext.get("gamma"), lenience=ext.get("lenience", 1.0),
-        logprobs=logprobs, echo=_echo(body, stream), n=n, grammar=grammar, tools=tools,
-        trace=ext.get("trace", False), best_of=best_of, **_speculative(body, limits),
+        prompt=prompts[0] if prompts else None, prompts=prompts, settings=settings, max_tokens_param=name,
+        stream=stream, include_usage=stream and include_usage, draft=ext.get("draft"), echo=_echo(body, stream),
+        n=n, tools=tools, trace=ext.get("trace", False), best_of=best_of, p_min=speculative.get("p_min"),
     )
 
 

@@ -97,7 +97,7 @@ class ServerState:
         return decode_body(bytes(body))
 
     def encode(self, req) -> list[int]:
-        biased = next((t for t, _ in req.params.logit_bias if t >= self.vocab), None)
+        biased = next((t for t, _ in req.settings.params.logit_bias if t >= self.vocab), None)
         if biased is not None:
             raise RequestError(400, f"'logit_bias' names token id {biased}; the model's vocabulary has ids "
                                     f"0..{self.vocab - 1}", "logit_bias", "invalid_value")
@@ -123,10 +123,10 @@ class ServerState:
         from ..grammar import GrammarError, constraint_for
 
         try:
-            constraint_for(req.grammar, self.target)
+            constraint_for(req.settings.grammar, self.target)
         except GrammarError as err:
             param = {"lark": "specdecode.grammar", "regex": "specdecode.regex",
-                     "json_schema": "response_format.json_schema.schema"}[req.grammar.kind]
+                     "json_schema": "response_format.json_schema.schema"}[req.settings.grammar.kind]
             raise RequestError(400, str(err), param, "invalid_value") from None
 
     def tokenize_text(self, text: str, special: bool, param: str) -> list[int]:
@@ -153,10 +153,11 @@ class ServerState:
 
     def usage(self, job: Job) -> dict:
         req, engine = job.request, self.engine
-        gamma = engine.gamma if req.gamma is None else req.gamma
+        settings = req.settings
+        gamma = engine.gamma if settings.gamma is None else settings.gamma
         positions = engine.scheduler.max_gamma if gamma == "auto" else gamma
         return _usage(len(job.prompt_ids), job.stats, req.draft or engine.default_draft, gamma,
-                      positions if req.n_max is None else min(positions, req.n_max))
+                      positions if settings.max_draft is None else min(positions, settings.max_draft))
 
     @staticmethod
     def timings(job: Job) -> dict:

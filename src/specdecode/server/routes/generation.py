@@ -27,12 +27,12 @@ def _fit(req: Request, prompt_tokens: int, window: int | None) -> Request:
     at the room the prompt leaves."""
     if not window:
         return req
-    room, asked = window - prompt_tokens, req.max_tokens_param
+    room, asked, max_tokens = window - prompt_tokens, req.max_tokens_param, req.settings.max_new_tokens
     if asked is None and room > 0:
-        return replace(req, max_tokens=min(req.max_tokens, room))
-    if asked is not None and req.max_tokens <= room:
+        return replace(req, settings=replace(req.settings, max_new_tokens=min(max_tokens, room)))
+    if asked is not None and max_tokens <= room:
         return req
-    need = f" and {asked} is {req.max_tokens} ({prompt_tokens + req.max_tokens} in all)" if asked else ""
+    need = f" and {asked} is {max_tokens} ({prompt_tokens + max_tokens} in all)" if asked else ""
     fix = f"shorten the prompt or lower {asked}" if asked and room > 0 else "shorten the prompt"
     param = asked if asked and room > 0 else ("messages" if req.kind == "chat" else "prompt")
     raise RequestError(400, f"the prompt has {prompt_tokens} tokens{need}, but the model's context window holds "
@@ -46,9 +46,11 @@ async def submit(state: ServerState, request: HTTPRequest, kind: str) -> tuple[R
     state.check_model(req.model)
     if req.best_of > 1:  # n (or best_of) choices of one prompt, decoded together, each on its own seed stream;
         # best_of's scored by their tokens' log-probabilities (`_best`)
-        logprobs = 0 if req.best_of > req.n and req.logprobs is None else req.logprobs
-        requests = [replace(req, n=1, best_of=1, logprobs=logprobs,
-                            seed=None if req.seed is None else (req.seed + i) % 2**63) for i in range(req.best_of)]
+        settings = req.settings
+        logprobs = 0 if req.best_of > req.n and settings.logprobs is None else settings.logprobs
+        requests = [replace(req, n=1, best_of=1, settings=replace(
+                            settings, logprobs=logprobs, seed=None if settings.seed is None else (settings.seed + i) % 2**63))
+                    for i in range(req.best_of)]
     elif len(req.prompts) > 1:
         requests = [replace(req, prompt=p, prompts=(p,)) for p in req.prompts]
     else:
@@ -90,7 +92,7 @@ async def collect(state: ServerState, job: Job, kind: str) -> dict | None:
     finally:
         job.cancelled.set()  # a no-op once done; stops the generation if this handler was cancelled
     text, finish = "".join(pieces), FINISH[job.stats.finish_reason]
-    logprobs = (None if job.request.logprobs is None
+    logprobs = (None if job.request.settings.logprobs is None
                 else state.logprobs_of(kind, state.kept(entries, text, job.stats.finish_reason)))
     if job.request.echo:  # the prompt, then the completion; its first token has no log-probability
         req = job.request
@@ -166,7 +168,7 @@ async def stream(state: ServerState, job: Job, kind: str):
                 if calling is not False:
                     held.append(text)
                     continue
-                entries = value.step.logprobs if job.request.logprobs is not None else None
+                entries = value.step.logprobs if job.request.settings.logprobs is not None else None
                 if entries and value.finish_reason == "stop":
                     entries = state.kept(entries, text, "stop")
                 if text or entries:
@@ -236,7 +238,7 @@ def _best(bodies: list[dict], req: Request) -> list[dict]:
         return sum(values) / len(values) if values else 0.0
 
     ranked = sorted(bodies, key=mean, reverse=True)[: req.n]
-    if req.logprobs is None:
+    if req.settings.logprobs is None:
         ranked = [{**b, "choices": [{**b["choices"][0], "logprobs": None}]} for b in ranked]
     return ranked
 
