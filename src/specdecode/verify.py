@@ -130,11 +130,13 @@ def verify(
     #    target's own distribution at position gamma when every draft token was accepted.
     rows = torch.arange(B, device=device)
     p_n = target_probs[rows, num_accepted]  # [B, V]
-    if draft_probs is None:
-        q_n = torch.nn.functional.one_hot(draft_tokens, V).to(p_n.dtype)  # [B, g, V]
+    if draft_probs is None:  # q at the first rejection: a point mass on the draft token there (none after all)
+        q_n = torch.zeros_like(p_n)  # [B, V]
+        rejected = rows[num_accepted < g]
+        q_n[rejected, draft_tokens[rejected, num_accepted[rejected]]] = 1.0
     else:
-        q_n = draft_probs
-    q_n = torch.cat([q_n, torch.zeros(B, 1, V, dtype=p_n.dtype, device=device)], dim=1)[rows, num_accepted]  # [B, V]
+        q_n = torch.cat([draft_probs, torch.zeros(B, 1, V, dtype=p_n.dtype, device=device)],
+                        dim=1)[rows, num_accepted]  # [B, V]
     extra = sample(residual(p_n, q_n, lenience), generator)  # [B]; p_n itself where all were accepted
 
     # 4. Assemble [accepted drafts..., extra, -1 padding].
