@@ -256,3 +256,38 @@ def test_a_draft_that_costs_more_than_it_brings_stops_after_one_call_and_is_prob
     assert policy.cost_ratio > 0.5
     spent = sum(s.draft_seconds for s in steps) / sum(s.target_seconds for s in steps)
     assert spent < 0.1  # the one drafting call and the probes (without the rule: every 16th call, ~6% alone)
+
+
+def test_checking_each_draft_token_is_priced_beside_drafting_it():
+    """Turning a further logits row into tokens (a sampled setting's controls, residual and draws)
+    costs time the forward's profile does not hold. A policy measures it against a plain call's
+    checking and plans with it: a draft that pays when checking is free stops when it is not."""
+    curve = [0.0] + [1.0 + 0.05 * k for k in range(10)]
+    free, costly = (AdaptiveGamma(curve, prior_alpha=0.6, step_seconds=0.01) for _ in range(2))
+    for policy, per_token in ((free, 0.0), (costly, 0.01)):
+        for _ in range(3):
+            policy.observe([], 1, 0.0105, 0.0, 0, check_seconds=0.0005, checked=0)  # plain calls
+            policy.observe([0.6, 0.6], 3, 0.0115 + 2 * per_token, 0.00005, 2,
+                           check_seconds=0.0005 + 2 * per_token, checked=2)
+    assert free.check_cost == pytest.approx(0.0, abs=1e-9) and costly.check_cost > 0.4
+    assert costly.token_cost == pytest.approx(costly.cost_ratio + costly.check_cost)
+    assert free.choose(8) >= 2 and costly.choose(8) == 0
+
+
+def test_a_curve_the_calls_contradict_gives_way_to_what_they_measure():
+    """A profile that prices four rows at 1.2 steps, where the calls take 1.8: with learn_curve the
+    policy times its calls by their rows and prices them by that; drafting that paid on paper stops.
+    Without it, the profile is used as it is."""
+    curve = [0.0, 1.0, 1.1, 1.15, 1.2, 1.25, 1.3, 1.35, 1.4]
+    learning, fixed = (AdaptiveGamma(curve, max_gamma=3, prior_alpha=0.3, step_seconds=0.01, learn_curve=learn)
+                       for learn in (True, False))
+    for policy in (learning, fixed):
+        policy.observe([], 1, 0.01, 0.0, 0)  # the first call: warm-up, not timed
+        for _ in range(10):
+            policy.observe([], 1, 0.01, 0.0, 0)
+            for rows, seconds in ((2, 0.014), (3, 0.016), (4, 0.018)):
+                policy.observe([0.3] * (rows - 1), rows, seconds, 0.0, rows - 1)
+    assert fixed.verify_cost(4) == pytest.approx(1.2) and fixed.choose(3) >= 1
+    # ten calls of each size: 10/12 of the measured 1.8, 2/12 of the profile's 1.2
+    assert learning.verify_cost(4) == pytest.approx(1.7) and learning.choose(3) == 0
+    assert learning.fresh().learn_curve and learning.fresh().verify_cost(4) == pytest.approx(1.2)  # a new request

@@ -328,6 +328,7 @@ class Decoding:
         self._pending = None
         began = t1 if started is None else started  # the forward's start
         g, cache, drafter, policy = draft.gamma, self.cache, self.drafter, self.policy
+        checking = self.clock()  # the logits are here: what follows is per row, apart from the forward
         # 4. Verify (`verify.verify_draft`): keep n draft tokens (a chain's prefix, a tree's path), add
         #    one corrected or bonus token.
         raw = logits  # the target's own: what logprobs report
@@ -350,7 +351,7 @@ class Decoding:
         drafter.accept(n)
         if not prefill:  # the prefill says nothing about step costs
             policy.observe(betas, rows or g + 1, t2 - began, t1 - t0,
-                           g or (shadow_draft.gamma if shadow_draft else 0))
+                           g or (shadow_draft.gamma if shadow_draft else 0), t2 - checking, g)
 
         # 6. Stop on EOS, the length limit, or a full context window. A grammar's forced tokens follow.
         after = self.constraint.advance(new, self.force) if self.constraint is not None else []

@@ -45,9 +45,11 @@ class GammaPolicy(Protocol):
         """How many of a draft tree's nodes (best first, each with its estimated reach) to verify."""
 
     def observe(self, betas: Sequence[float], verified: int, target_seconds: float, draft_seconds: float,
-                drafted: int) -> None:
+                drafted: int, check_seconds: float = 0.0, checked: int = 0) -> None:
         """One iteration after the prefill: acceptance probabilities seen, tokens verified in the
-        target call, what the call and the drafting cost, and how many tokens were drafted."""
+        target call, what the call and the drafting cost, how many tokens were drafted, and the part
+        of the call spent turning its logits into tokens (controls, grammar masks, verification),
+        `check_seconds`, with the draft tokens it verified, `checked`."""
 
     def observe_tree(self, predicted: float, accepted: int) -> None:
         """A verified tree: the summed reach of its nodes, and the depth the target accepted."""
@@ -77,7 +79,7 @@ class FixedGamma:
     def tree_size(self, reach, limit: int) -> int:
         return min(len(reach), limit)
 
-    def observe(self, betas, verified, target_seconds, draft_seconds, drafted) -> None:
+    def observe(self, betas, verified, target_seconds, draft_seconds, drafted, check_seconds=0.0, checked=0) -> None:
         pass
 
     def observe_tree(self, predicted, accepted) -> None:
@@ -104,7 +106,7 @@ def as_policy(gamma: "int | str | GammaPolicy", target=None, max_gamma: int = de
         profile = profile_model(target)
         return AdaptiveGamma(profile.verify_ratios, max_gamma=max_gamma, profile_context=profile.context,
                              position_cost=profile.row_position_seconds / profile.step_seconds,
-                             step_seconds=profile.step_seconds)
+                             step_seconds=profile.step_seconds, learn_curve=True)
     return FixedGamma(gamma)
 
 
@@ -122,13 +124,26 @@ class AdaptiveGamma:
     step_seconds: T(1) as measured beforehand (the profile's), so that the first drafting call
     already prices the draft: the first cost observed replaces the prior cost, and a draft that
     costs more than it brings stops after one call, not after the average has crept up to it.
+
+    A draft token costs its drafting (`cost_ratio`, c) and its checking (`check_cost`): turning a
+    further logits row into tokens (the controls, the residual and the draws of speculative
+    sampling) beyond what a plain call spends on its one row, measured apart from the forward. It is
+    next to nothing when greedy and a tenth of a small model's step when sampling over a large
+    vocabulary; the profile's T(k) holds the forward alone. The plan prices a token at their sum,
+    `token_cost`.
+
+    learn_curve: also time the target's calls by their rows and let what they measure take over
+    from `verify_ratios` as calls of each size come (a profile taken while the machine was busy, or
+    at another context length, would otherwise price verification wrongly for good). Off for
+    callers that hand in a curve to be used as it is (the tests' simulated clocks).
     """
 
     sizes_trees = True
 
     def __init__(self, verify_ratios: Sequence[float], max_gamma: int = defaults.MAX_GAMMA, prior_alpha: float = 0.5,
                  prior_cost: float = 0.0, decay: float = 0.9, shadow_budget: float = 0.01,
-                 position_cost: float = 0.0, profile_context: int = 256, step_seconds: float | None = None) -> None:
+                 position_cost: float = 0.0, profile_context: int = 256, step_seconds: float | None = None,
+                 learn_curve: bool = False) -> None:
         if max_gamma < 1:
             raise ValueError(f"max_gamma must be >= 1, got {max_gamma}")
         if not (0.0 <= prior_alpha <= 1.0):
@@ -150,6 +165,11 @@ class AdaptiveGamma:
         self._measured_step = step_seconds
         self.step_seconds: float | None = step_seconds  # running estimate of T(1)
         self._cost_seen = False  # whether a drafting call has priced the draft yet
+        self.check_cost = 0.0  # checking one more draft token, in one-token steps (measured)
+        self._plain_check: float | None = None  # seconds a call without draft tokens spends checking
+        self._check_seen = False
+        self.learn_curve = learn_curve
+        self._calls: dict[int, tuple[float, int]] = {}  # rows -> (running forward seconds, calls seen)
         # draft trees: how the drafter's estimates of reaching its nodes compare with what the target
         # accepted (running sums; the prior says half)
         self._tree_accepted, self._tree_predicted = 1.0, 2.0
@@ -162,12 +182,18 @@ class AdaptiveGamma:
         one for each new request, from a target's measured template."""
         return AdaptiveGamma(self.verify_ratios, self.max_gamma, *self._priors, decay=self.decay,
                              shadow_budget=self.shadow_budget, position_cost=self.position_cost,
-                             profile_context=self.profile_context, step_seconds=self._measured_step)
+                             profile_context=self.profile_context, step_seconds=self._measured_step,
+                             learn_curve=self.learn_curve)
 
     def verify_cost(self, k: int) -> float:
         """T(k)/T(1) at the current context length."""
         extra = self.position_cost * max(0, self.context_length - self.profile_context)
-        return (self._curve(k) + k * extra) / (1 + extra)
+        profiled = (self._curve(k) + k * extra) / (1 + extra)
+        if k == 1 or k not in self._calls or 1 not in self._calls:
+            return profiled
+        (seconds, n), (one, _) = self._calls[k], self._calls[1]
+        weight = min(n, 20)  # a first measurement moves the profile's figure a third of the way
+        return (weight * max(1.0, seconds / one) + 2 * profiled) / (weight + 2)
 
     def tree_size(self, reach: Sequence[float], limit: int) -> int:
         """How many of a draft tree's nodes to verify. `reach` holds each node's estimated chance of
@@ -187,7 +213,7 @@ class AdaptiveGamma:
         best_n, best, total, forecast = 0, 1.0, 0.0, (1.0, 1.0)
         for n in range(1, min(len(reach), limit, len(self.verify_ratios) - 2) + 1):
             total += reach[n - 1]
-            tokens, cost = 1 + calibration * total, self.verify_cost(n + 1) + n * self.cost_ratio
+            tokens, cost = 1 + calibration * total, self.verify_cost(n + 1) + n * self.token_cost
             if tokens / cost > best:
                 best_n, best, forecast = n, tokens / cost, (tokens, cost)
         return best_n, forecast
@@ -199,7 +225,7 @@ class AdaptiveGamma:
 
     def choose(self, limit: int) -> int:
         """The best gamma in 0..min(max_gamma, limit)."""
-        gamma, rate = optimal_gamma(self.alpha, self.cost_ratio, min(self.max_gamma, limit), self.verify_cost)
+        gamma, rate = optimal_gamma(self.alpha, self.token_cost, min(self.max_gamma, limit), self.verify_cost)
         tokens = expected_tokens(self.alpha, gamma) if gamma else 1.0
         self.forecast = (tokens, tokens / rate)
         return gamma
@@ -220,11 +246,20 @@ class AdaptiveGamma:
             return True
         return False
 
+    @property
+    def token_cost(self) -> float:
+        """What one draft token costs, in one-token steps: drafting it and checking it."""
+        return self.cost_ratio + self.check_cost
+
     def observe(self, betas: Sequence[float], verified: int, target_seconds: float, draft_seconds: float,
-                drafted: int) -> None:
+                drafted: int, check_seconds: float = 0.0, checked: int = 0) -> None:
         for beta in betas:
             self.alpha = self.decay * self.alpha + (1 - self.decay) * beta
         self._iterations += 1
+        if self.learn_curve and self._iterations > 1:
+            forward = target_seconds - check_seconds
+            seconds, n = self._calls.get(verified, (forward, 0))
+            self._calls[verified] = (0.8 * seconds + 0.2 * forward if n else forward, n + 1)
         if self._iterations > 1:  # the first call after the prefill still pays warm-up costs: not a typical step
             step = target_seconds / self.verify_cost(verified)  # this call, in units of one-token steps
             self.step_seconds = step if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * step
@@ -232,6 +267,13 @@ class AdaptiveGamma:
             c = draft_seconds / drafted / self.step_seconds
             self.cost_ratio = 0.8 * self.cost_ratio + 0.2 * c if self._cost_seen else c
             self._cost_seen = True
+        if not checked:
+            self._plain_check = check_seconds if self._plain_check is None else (
+                0.8 * self._plain_check + 0.2 * check_seconds)
+        elif self.step_seconds is not None:  # before a plain call is seen, all its checking is the drafts'
+            extra = max(0.0, check_seconds - (self._plain_check or 0.0)) / checked / self.step_seconds
+            self.check_cost = 0.8 * self.check_cost + 0.2 * extra if self._check_seen else extra
+            self._check_seen = True
 
 
 def draft_lengths(policies: Sequence[GammaPolicy], rooms: Sequence[int], verify_cost,
@@ -258,7 +300,7 @@ def draft_lengths(policies: Sequence[GammaPolicy], rooms: Sequence[int], verify_
     for i in adaptive:
         p = policies[i]
         for g in range(min(p.max_gamma, rooms[i])):
-            gains.append((p.alpha ** (g + 1), i, p.cost_ratio))
+            gains.append((p.alpha ** (g + 1), i, p.token_cost))
     gains.sort(key=lambda item: (-item[0], item[2]))
     rows = other_rows + fixed_rows + len(adaptive)
     tokens, drafting = float(len(policies)), 0.0  # a fixed-gamma request counted at its one sure token
