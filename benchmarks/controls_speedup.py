@@ -1,9 +1,11 @@
 """What speculation gives under a sampling control, against what it gives without: the default
 drafter (prompt lookup, `--gamma auto`) over plain decoding, greedy, with and without a control
-(default: a repetition penalty of 1.1, a common chat front end's default), on Spec-Bench prompts,
-the four runs of each prompt in turns (the order alternating by prompt), in one process.
+(default: a repetition penalty of 1.1, a common chat front end's default), and sampled at each of
+`--temperatures` (seeded per prompt), on Spec-Bench prompts, every run of a prompt in turns (the
+order alternating by prompt and round), in one process.
 
-    python benchmarks/controls_speedup.py --per-task 4 --out benchmarks/results/controls_speedup.md
+    python benchmarks/controls_speedup.py --per-task 4 --temperatures 0.7 1.0 --rounds 2 \
+        --out benchmarks/results/controls_speedup.md
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ def main() -> None:
     parser.add_argument("--prompts", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data",
                                                           "spec_bench", "question.jsonl"))
     parser.add_argument("--per-task", type=int, default=4)
-    parser.add_argument("--repetition-penalty", type=float, default=1.1)
+    parser.add_argument("--repetition-penalty", type=float, default=1.1, help="0: leave the penalty out")
+    parser.add_argument("--temperatures", type=float, nargs="*", default=[])
+    parser.add_argument("--rounds", type=int, default=1, help="passes over the prompts, taking turns")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -33,41 +37,57 @@ def main() -> None:
 
     target = load_model(None, backend="native")
     prompts = load_prompts(args.prompts, per_category=args.per_task)
-    settings = {"none": SamplingParams(temperature=0),
-                f"repetition {args.repetition_penalty:g}": SamplingParams(temperature=0,
-                                                                          repetition_penalty=args.repetition_penalty)}
+    settings = {"none": SamplingParams(temperature=0)}
+    penalty = f"repetition {args.repetition_penalty:g}"
+    if args.repetition_penalty:  # 0 leaves it out
+        settings[penalty] = SamplingParams(temperature=0, repetition_penalty=args.repetition_penalty)
+    settings.update({f"temperature {t:g}": SamplingParams(temperature=t) for t in args.temperatures})
     speed = {(name, spec): [] for name in settings for spec in (False, True)}
     identical = {name: 0 for name in settings}
-    for i, prompt in enumerate(prompts):
-        ids = encode_prompt(target.tokenizer, prompt.text)
-        outputs = {}
-        order = [(name, spec) for name in settings for spec in (False, True)]
-        for name, spec in order if i % 2 == 0 else order[::-1]:
-            stats = Stats()
-            for _ in generate(target, ids, PromptLookupDrafter() if spec else None, gamma="auto" if spec else 0,
-                              params=settings[name], max_new_tokens=args.max_new_tokens, stats=stats):
-                pass
-            speed[(name, spec)].append(stats.tokens_per_second)
-            outputs[(name, spec)] = stats.tokens
-        for name in settings:
-            identical[name] += outputs[(name, False)] == outputs[(name, True)]
+    by_category = {(name, spec): {} for name in settings for spec in (False, True)}
+    for round_ in range(args.rounds):
+        for i, prompt in enumerate(prompts):
+            ids = encode_prompt(target.tokenizer, prompt.text)
+            outputs = {}
+            order = [(name, spec) for name in settings for spec in (False, True)]
+            for name, spec in order if (i + round_) % 2 == 0 else order[::-1]:
+                stats = Stats()
+                for _ in generate(target, ids, PromptLookupDrafter() if spec else None, gamma="auto" if spec else 0,
+                                  params=settings[name], max_new_tokens=args.max_new_tokens, stats=stats,
+                                  seed=1000 * round_ + i):
+                    pass
+                speed[(name, spec)].append(stats.tokens_per_second)
+                by_category[(name, spec)].setdefault(prompt.category, []).append(stats.tokens_per_second)
+                outputs[(name, spec)] = stats.tokens
+            for name in settings:
+                identical[name] += outputs[(name, False)] == outputs[(name, True)]
 
     def mean(values):
         return math.exp(sum(map(math.log, values)) / len(values))
 
-    rows, gains = [], {}
+    rows, gains, runs = [], {}, len(prompts) * args.rounds
     for name in settings:
         plain, spec = mean(speed[(name, False)]), mean(speed[(name, True)])
         gains[name] = mean([s / p for s, p in zip(speed[(name, True)], speed[(name, False)])])
-        rows.append(f"| {name} | {plain:.1f} | {spec:.1f} | {gains[name]:.3f}x | {identical[name]}/{len(prompts)} |")
-    none, control = gains["none"], gains[f"repetition {args.repetition_penalty:g}"]
-    publish([f"# Speculation under a repetition penalty of {args.repetition_penalty:g}", "",
+        same = f"{identical[name]}/{runs}" if settings[name].temperature == 0 else "(sampled)"
+        rows.append(f"| {name} | {plain:.1f} | {spec:.1f} | {gains[name]:.3f}x | {same} |")
+    categories = sorted({c for table in by_category.values() for c in table})
+    per_category = [f"| {c} | " + " | ".join(
+        f"{mean(by_category[(name, True)][c]) / mean(by_category[(name, False)][c]):.2f}x" for name in settings) + " |"
+        for c in categories]
+    under = (f"The speedup under the penalty is **{gains[penalty] / gains['none']:.3f}** of the speedup without it."
+             if penalty in gains else "")
+    publish(["# Speculation under sampling controls: " + ", ".join(name for name in settings if name != "none"), "",
              f"Host: {cpu_model()}; kernels: {target.kernel_plan}; {len(prompts)} Spec-Bench prompts "
-             f"({args.per_task} a category), greedy, {args.max_new_tokens} tokens, {time.strftime('%Y-%m-%d')}.", "",
+             f"({args.per_task} a category), {args.rounds} round(s) taking turns, {args.max_new_tokens} tokens, "
+             f"{time.strftime('%Y-%m-%d')}.", "",
              "```", "python " + " ".join(sys.argv), "```", "",
              "| control | plain tok/s | lookup + auto tok/s | speedup (geometric mean of ratios) | greedy output identical |",
              "|---|---|---|---|---|", *rows, "",
-             f"The speedup under the penalty is **{control / none:.3f}** of the speedup without it."], args.out)
+             under, "",
+             "Per category, speculation over plain (ratio of geometric means):", "",
+             "| category | " + " | ".join(settings) + " |", "|---|" + "---|" * len(settings), *per_category],
+            args.out)
 
 
 if __name__ == "__main__":
