@@ -28,11 +28,19 @@ def llama3_file(tmp_path_factory):
                                 tensors={"rope_freqs.weight": factors}), "Q4_0")
 
 
-def test_a_file_the_native_path_computes_as_llama_cpp_does_agrees(capsys, llama3_file):
-    code, out, _ = run_cli(capsys, "check", "--against", "llama.cpp", "--target", str(llama3_file), "--json")
+def test_a_file_the_native_path_computes_as_llama_cpp_does_agrees_directly_and_from_the_dequantised_copy(
+        capsys, llama3_file):
+    """One `--reference` run: the direct comparison on the file, and each engine measured from the
+    copy llama.cpp dequantises to F16."""
+    code, out, _ = run_cli(capsys, "check", "--against", "llama.cpp", "--target", str(llama3_file), "--json",
+                           "--reference")
     record = json.loads(out)
     assert code == 0 and record["agrees"] and record["mean_kl"] < 0.02 and record["agreement"] >= 0.8
     assert record["positions"] > 150 and record["token_mismatches"] == [] and record["chat"] == "identical"
+    ref = record["reference"]
+    assert ref["mean_kl"] < 0.02 and ref["agreement"] >= 0.8
+    # both quantised runs are off the exact one by a 4-bit file's rounding: more than F16's, not a wrong model's
+    assert 0 < ref["ours_from_exact"] < 0.05 and 0 < ref["theirs_from_exact"] < 0.05
 
 
 def test_a_chat_prompt_rendered_otherwise_than_llama_cpp_renders_it_disagrees(capsys, llama3_file, monkeypatch):
@@ -57,16 +65,6 @@ def test_a_native_path_that_computes_otherwise_disagrees_and_exits_1(capsys, lla
     assert code == 1 and "verdict: DISAGREES" in out, out
     # past the thresholds, the dequantised copy is run too: the native path disagrees there as well
     assert "BEYOND the thresholds" in out, out
-
-
-def test_the_reference_run_measures_each_engine_from_the_dequantised_copy(capsys, llama3_file):
-    code, out, _ = run_cli(capsys, "check", "--against", "llama.cpp", "--target", str(llama3_file), "--json",
-                           "--reference")
-    record = json.loads(out)
-    ref = record["reference"]
-    assert code == 0 and record["agrees"] and ref["mean_kl"] < 0.02 and ref["agreement"] >= 0.8
-    # both quantised runs are off the exact one by a 4-bit file's rounding: more than F16's, not a wrong model's
-    assert 0 < ref["ours_from_exact"] < 0.05 and 0 < ref["theirs_from_exact"] < 0.05
 
 
 def test_a_deep_file_past_the_thresholds_agrees_only_when_no_further_from_exact_than_llama_cpp():
