@@ -108,6 +108,7 @@ def test_auto_draft_weights_are_float_where_pytorchs_kernels_are_not_vectorised(
         DraftNetModel(tiny_net(), None, "toy", Vocabulary("toy", 100, "f"), [0], weights="int4")
 
 
+@pytest.mark.statistical
 def test_a_reduced_vocabulary_draft_keeps_the_target_distribution_exact():
     """q(x) = 0 outside the kept tokens: speculative sampling must still give the target's
     distribution over whole sequences (a toy target with 3 tokens, the draft can emit 2 of them)."""

@@ -17,10 +17,11 @@ SOURCES = [*sorted(CSRC.glob("*.c")), ROOT / "tests/kernels_driver.c"]
 COMPILER, QEMU = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64") or shutil.which(
     "qemu-aarch64-static")
 
-pytestmark = pytest.mark.skipif(
-    COMPILER is None or QEMU is None,
-    reason="no aarch64 cross compiler and qemu-user here (Debian: apt-get install gcc-aarch64-linux-gnu "
-           "qemu-user; `make setup` installs them where apt-get runs as root)")
+pytestmark = [pytest.mark.slow,  # cross-compiles the kernels twice and runs them under qemu
+              pytest.mark.skipif(
+                  COMPILER is None or QEMU is None,
+                  reason="no aarch64 cross compiler and qemu-user here (Debian: apt-get install gcc-aarch64-linux-gnu "
+                         "qemu-user; `make setup` installs them where apt-get runs as root)")]
 
 
 def run_build(tmp_path, name: str, march: str) -> dict[str, str]:
