@@ -7,6 +7,7 @@ and the wall time to the last token, best of `--rounds`, for this checkout and, 
 an earlier one (`--baseline`, its src/). The machine's load moves the times, not the rows.
 
     python benchmarks/n_choices.py --n 4 --baseline <checkout>/src --out benchmarks/results/n_choices.md
+    python benchmarks/n_choices.py --n 4 --against-one   # n choices against one choice's time, this checkout
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", type=Path, default=None)
+    parser.add_argument("--against-one", action="store_true", help="also time one choice (n = 1), this checkout")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     prompts = [json.loads(line) for line in (ROOT.parent / "shared/data/spec_bench/question.jsonl").open()]
@@ -58,12 +60,21 @@ def main() -> int:
         trees = {"baseline": args.baseline, **trees}
     lines = ["# n choices of one prompt", "", "```", "python benchmarks/n_choices.py " + " ".join(sys.argv[1:]), "```",
              "", f"Machine: {cpu_model()}; the embedded model, its default kernel path; n = {args.n}.", "",
-             "| tree | prompt tokens | rows the forwards computed | wall to the last token |", "|---|---|---|---|"]
-    for name, tree in trees.items():
-        done = subprocess.run([sys.executable, "-c", CHILD, str(args.n), str(args.rounds), text], check=True,
+             "| tree | choices | prompt tokens | rows the forwards computed | wall to the last token |",
+             "|---|---|---|---|---|"]
+    runs = [(name, tree, args.n) for name, tree in trees.items()]
+    if args.against_one:
+        runs.insert(0, ("this checkout", ROOT / "src", 1))
+    walls = {}
+    for name, tree, n in runs:
+        done = subprocess.run([sys.executable, "-c", CHILD, str(n), str(args.rounds), text], check=True,
                               capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(tree)})
         m = json.loads(done.stdout.strip().splitlines()[-1])
-        lines.append(f"| {name} | {m['prompt']} | {m['rows']} | {m['wall']:.2f} s |")
+        walls[(name, n)] = m["wall"]
+        lines.append(f"| {name} | {n} | {m['prompt']} | {m['rows']} | {m['wall']:.2f} s |")
+    if args.against_one:
+        lines += ["", f"{args.n} choices took {walls[('this checkout', args.n)] / walls[('this checkout', 1)]:.2f}x "
+                      "one choice's time."]
     publish(lines, args.out)
     return 0
 
