@@ -256,11 +256,11 @@ class AdaptiveGamma:
         for beta in betas:
             self.alpha = self.decay * self.alpha + (1 - self.decay) * beta
         self._iterations += 1
-        if self.learn_curve and self._iterations > 1:
-            forward = target_seconds - check_seconds
-            seconds, n = self._calls.get(verified, (forward, 0))
-            self._calls[verified] = (0.8 * seconds + 0.2 * forward if n else forward, n + 1)
         if self._iterations > 1:  # the first call after the prefill still pays warm-up costs: not a typical step
+            if self.learn_curve:  # the forward alone, by its rows
+                forward = target_seconds - check_seconds
+                seconds, n = self._calls.get(verified, (forward, 0))
+                self._calls[verified] = (0.8 * seconds + 0.2 * forward if n else forward, n + 1)
             step = target_seconds / self.verify_cost(verified)  # this call, in units of one-token steps
             self.step_seconds = step if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * step
         if drafted and self.step_seconds is not None:

@@ -80,11 +80,15 @@ def monotone(values: list[float]) -> list[float]:
     return [mean for mean, size in blocks for _ in range(size)]
 
 
+def _dtype_and_threads(model: Model) -> tuple[str, int]:
+    return (str(getattr(model, "dtype", "unknown")).replace("torch.", ""),
+            getattr(model, "n_threads", None) or torch.get_num_threads())
+
+
 def profile_path(model: Model, max_k: int = 16, context: int = 256):
     """Where `profile_model` keeps a model's profile: per model, backend (and kernel build), dtype and
     threads (the same file runs at very different speeds on each)."""
-    dtype = str(getattr(model, "dtype", "unknown")).replace("torch.", "")
-    threads = getattr(model, "n_threads", None) or torch.get_num_threads()
+    dtype, threads = _dtype_and_threads(model)
     backend = type(model).__name__
     tag = getattr(model, "profile_tag", "")  # the native backend's kernel build: new kernels, new profile
     return cache_root() / "profiles" / f"{model.name}-{backend}{tag}-{dtype}-{threads}t-ctx{context}-k{max_k}-v2.json"
@@ -93,8 +97,7 @@ def profile_path(model: Model, max_k: int = 16, context: int = 256):
 def profile_model(model: Model, max_k: int = 16, context: int = 256, repeats: int = 7, use_cache: bool = True,
                   progress=None) -> Profile:
     """T(1) and the verification curve T(k)/T(1) for k = 1..max_k; cached (`profile_path`)."""
-    dtype = str(getattr(model, "dtype", "unknown")).replace("torch.", "")
-    threads = getattr(model, "n_threads", None) or torch.get_num_threads()
+    dtype, threads = _dtype_and_threads(model)
     name = model.name
     path = profile_path(model, max_k, context)
     if use_cache and path.exists():
