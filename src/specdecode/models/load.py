@@ -141,7 +141,7 @@ def _llamacpp_runs(path) -> bool:
 
 def _measured_choice(path: Path, threads: int | None, n_ctx: int, measure_again: bool = False):
     """The native backend or llama.cpp, whichever is measured faster here (cached per machine)."""
-    import llama_cpp
+    from importlib.metadata import version
 
     from .choose import choose
     from .native import load_native
@@ -151,7 +151,7 @@ def _measured_choice(path: Path, threads: int | None, n_ctx: int, measure_again:
 
     threads = cores(threads)
     plan, _ = kernel_plan()
-    signature = f"{plan.path}:{Path(plan.library).name if plan.library else '-'}|llama_cpp {llama_cpp.__version__}"
+    signature = f"{plan.path}:{Path(plan.library).name if plan.library else '-'}|llama_cpp {version('llama_cpp_python')}"
     loaders = {"native": lambda: load_native(path, max_positions=n_ctx, n_threads=threads),
                "llama.cpp": lambda: LlamaCppModel(path, n_threads=threads, n_ctx=n_ctx)}
     choice, model = choose(path, threads, signature, loaders, refresh=measure_again)
