@@ -42,11 +42,16 @@ $(VENV)/.test-installed: $(VENV)/.installed
 demo: setup
 	$(VENV)/bin/specdecode generate --compare --gamma auto "$(PROMPT)"
 
+# The suite starts a hundred interpreters (the CLI, servers, pytest's workers): each reads compiled
+# bytecode where an environment that sets PYTHONDONTWRITEBYTECODE would have every one recompile
+# the package and pytest re-rewrite its plugins' modules (3-4 s a worker).
+PYTEST = env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/python -m pytest -q -n 2 --dist loadfile
+
 test: test-setup
-	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile
+	$(PYTEST)
 
 check: test-setup
-	$(VENV)/bin/python -m pytest -q -x -n 2 --dist loadfile -m "not slow and not statistical"
+	$(PYTEST) -x -m "not slow and not statistical"
 
 bench: test-setup
 	$(VENV)/bin/python benchmarks/generate_vs_baseline.py --out benchmarks/results/generate_vs_baseline_bfloat16.md
