@@ -142,3 +142,25 @@ def test_shape_mismatch_is_refused():
         verify(torch.zeros(1, 2, dtype=torch.long), None, torch.full((1, 2, 3), 1 / 3))
     with pytest.raises(ValueError, match="draft_probs"):
         verify(torch.zeros(1, 1, dtype=torch.long), torch.full((1, 1, 4), 0.25), torch.full((1, 2, 3), 1 / 3))
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+@pytest.mark.parametrize("lenience", [1.0, 0.7])
+def test_one_rows_shortcut_draws_what_the_batched_verifier_draws(sampled, lenience):
+    """The decode loop verifies one row at a time through `_verify_one`; it must emit what the
+    batched `_verify_rows` emits from the same generator state, token for token, whatever the
+    draft length, distributions (zeros in q included) and lenience."""
+    from specdecode.verify import _verify_one, _verify_rows
+
+    cases = torch.Generator().manual_seed(7)
+    for seed in range(300):
+        g, V = 1 + seed % 4, 3 + seed % 5
+        target = torch.softmax(3 * torch.randn(1, g + 1, V, generator=cases), -1)  # [1, g+1, V]
+        draft = torch.softmax(3 * torch.randn(1, g, V, generator=cases), -1) if sampled else None  # [1, g, V]
+        if sampled:
+            draft[0, 0, 0] = 0.0  # a token the draft cannot draw
+            draft = draft / draft.sum(-1, keepdim=True)
+        tokens = torch.randint(0, V, (1, g), generator=cases)
+        one = _verify_one(tokens, draft, target, torch.Generator().manual_seed(seed), lenience)
+        rows = _verify_rows(tokens, draft, target, torch.Generator().manual_seed(seed), lenience)
+        assert torch.equal(one.tokens, rows.tokens) and torch.equal(one.num_accepted, rows.num_accepted), seed
