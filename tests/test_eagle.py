@@ -161,9 +161,10 @@ def test_the_draft_cache_after_rejections_equals_one_pass_over_the_kept_pairs(wo
 
 def _samples(target, drafter_for, prompt, params, length, samples, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    return [tuple(t for s in speculative_decode(target, drafter_for(), prompt, gamma=3, params=params,
-                                                max_new_tokens=length, generator=gen, eos_token_ids=[])
-                  for t in s.tokens) for _ in range(samples)]
+    with torch.inference_mode():  # as the kit's own loop (`lossless.whole_sequence_pvalue`)
+        return [tuple(t for s in speculative_decode(target, drafter_for(), prompt, gamma=3, params=params,
+                                                    max_new_tokens=length, generator=gen, eos_token_ids=[])
+                      for t in s.tokens) for _ in range(samples)]
 
 
 def _exact(target, prompt, params, length):

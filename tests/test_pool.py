@@ -163,10 +163,11 @@ def sampled_pvalue(drafter, gamma, params, samples=2_000):
     world = lossless.toy_world()
     gen = torch.Generator().manual_seed(0)
     outcomes = []
-    for _ in range(samples):
-        steps = speculative_decode(world.target, drafter, lossless.PROMPT, gamma=gamma, params=params,
-                                   max_new_tokens=lossless.LENGTH, generator=gen)
-        outcomes.append(tuple(t for s in steps for t in s.tokens))
+    with torch.inference_mode():  # as the kit's own loop
+        for _ in range(samples):
+            steps = speculative_decode(world.target, drafter, lossless.PROMPT, gamma=gamma, params=params,
+                                       max_new_tokens=lossless.LENGTH, generator=gen)
+            outcomes.append(tuple(t for s in steps for t in s.tokens))
     expected = lossless.sequence_distribution(world.target, lossless.PROMPT, params, lossless.LENGTH)
     return lossless.chi2_pvalue(outcomes, expected)
 
