@@ -109,7 +109,7 @@ class SamplingParams:
         if logits.dim() == 0 or logits.shape[-1] == 0:
             raise ValueError(f"logits must have a non-empty last (vocabulary) dimension, got shape {tuple(logits.shape)}")
         logits = logits.float()
-        check_logits(logits)
+        top = check_logits(logits)  # [...]: each row's largest logit
         if self.greedy:
             # argmax returns the first maximal index: ties are broken towards the lowest id.
             return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
@@ -117,7 +117,7 @@ class SamplingParams:
         # smallest normal taken as that: a tiny temperature sends the others to -inf (a point mass on
         # the best, uniform over exact ties), never inf - inf or 0 / 0 = NaN
         temperature = max(self.temperature, torch.finfo(torch.float32).tiny)
-        logits = (logits - logits.amax(-1, keepdim=True)) / temperature
+        logits = (logits - top.unsqueeze(-1)) / temperature
         if self.top_k and self.top_k < logits.shape[-1]:
             kth = torch.topk(logits, self.top_k, dim=-1).values[..., -1:]  # [..., 1]
             logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -179,12 +179,13 @@ class History:
         return out
 
 
-def check_logits(logits: torch.Tensor) -> None:
+def check_logits(logits: torch.Tensor) -> torch.Tensor:
     """-inf marks a token a model cannot emit (probability 0, e.g. outside a draft's reduced
-    vocabulary); NaN, +inf, or a row with every token at -inf make the output unusable."""
+    vocabulary); NaN, +inf, or a row with every token at -inf make the output unusable. Returns
+    each row's largest logit, [...] (what a softmax shifts by)."""
     top = logits.amax(-1)  # one pass: NaN propagates through max, +inf and all -inf show in it
     if torch.isfinite(top).all():
-        return
+        return top
     if torch.isnan(top).any():
         raise ValueError("logits contain NaN values; the model's output is not usable")
     if torch.isposinf(top).any():
