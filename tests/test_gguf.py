@@ -29,17 +29,35 @@ def files(tmp_path_factory):
     return {"F32": f32, **{fmt: quantize(f32, fmt) for fmt in FORMATS}}
 
 
+def test_the_header_reads_the_tensor_table_as_the_gguf_package_does(files):
+    """Every tensor's type and bytes, located by the header's own reader (`models.gguf`), are the
+    gguf package's, on a file that mixes types (Q4_K_M's Q5_0, Q8_0 and F32 tensors)."""
+    import gguf
+    import numpy as np
+
+    from specdecode.models.gguf import GGUFHeader
+
+    header = GGUFHeader(files["Q4_K_M"])
+    theirs = {t.name: t for t in gguf.GGUFReader(files["Q4_K_M"]).tensors}
+    assert set(header.tensors) == set(theirs)
+    for name, tensor in header.tensors.items():
+        assert tensor.tensor_type == theirs[name].tensor_type, name
+        assert np.array_equal(tensor.data.view(np.uint8).ravel(), theirs[name].data.view(np.uint8).ravel()), name
+
+
 @pytest.mark.parametrize("fmt", ["Q4_0", "Q4_1", "Q8_0", "Q4_K_M", "Q5_K_M"])
 def test_a_tensor_read_directly_holds_the_files_own_values(files, fmt):
     """Q4_0/Q4_1/Q5_1/Q4_K/Q5_K/Q5_0/Q6_K/Q8_0 blocks come out as groups, other types as float, each
-    equal to the gguf package's dequantisation of the same tensor; q and k rows come back in
-    transformers' order. (This model's rows of 128 are too short for K-quants: llama.cpp writes Q5_1
-    for Q5_K there, Q5_0 for Q4_K.)"""
-    import gguf
+    equal to the gguf package's dequantisation of the same tensor's bytes (located by the header,
+    whose table the test above holds to the gguf package's reader: that reader takes seconds a file
+    over the 49k-entry vocabulary); q and k rows come back in transformers' order. (This model's rows
+    of 128 are too short for K-quants: llama.cpp writes Q5_1 for Q5_K there, Q5_0 for Q4_K.)"""
     from gguf.quants import dequantize
 
+    from specdecode.models.gguf import GGUFHeader
+
     source = GGUFSource(files[fmt])
-    tensors = {t.name: t for t in gguf.GGUFReader(files[fmt]).tensors}
+    tensors = GGUFHeader(files[fmt]).tensors
     kinds = set()
     for name in ("ffn_up", "ffn_down", "attn_q", "attn_k"):
         weight = source.weight(name, 0)
