@@ -80,3 +80,19 @@ def test_template_errors_and_missing_template_are_named(tmp_path):
     (tmp_path / "chat_template.jinja").write_text("{{ raise_exception('roles must alternate') }}")
     with pytest.raises(jinja2.exceptions.TemplateError, match="roles must alternate"):
         Tokenizer(tmp_path).apply_chat_template([{"role": "user", "content": "x"}])
+
+
+@pytest.mark.slow  # AutoTokenizer parses the whole file to learn its architecture: seconds a file
+def test_a_gguf_tokenizer_is_saved_as_autotokenizer_reads_it(tmp_path):
+    """`gguf_tokenizer` picks transformers' tokenizer class from the header's architecture instead of
+    letting AutoTokenizer parse the file for it: what it saves must be AutoTokenizer's, byte for byte,
+    on an architecture with a class of its own (Qwen2's; the generic one would save otherwise)."""
+    from transformers import AutoTokenizer
+
+    from specdecode.bench.random_model import write_llama
+
+    path = write_llama(tmp_path / "qwen2.gguf", architecture="qwen2")
+    ours = gguf_tokenizer(path).directory
+    AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(tmp_path / "theirs")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (ours / name).read_bytes() == (tmp_path / "theirs" / name).read_bytes(), name
