@@ -17,13 +17,12 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from record import cpu_model, publish  # noqa: E402
+from record import SPEC_BENCH, cpu_model, publish  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data",
-                                                          "spec_bench", "question.jsonl"))
+    parser.add_argument("--prompts", default=str(SPEC_BENCH))
     parser.add_argument("--per-task", type=int, default=4)
     parser.add_argument("--repetition-penalty", type=float, default=1.1, help="0: leave the penalty out")
     parser.add_argument("--temperatures", type=float, nargs="*", default=[])

@@ -12,7 +12,6 @@ import argparse
 import copy
 import platform
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -23,9 +22,8 @@ from specdecode.models.default import trained_draft_path
 from specdecode.models.draftnet import DraftNetModel, load_draftnet
 from specdecode.models.load import load_model
 from specdecode.models.native.plan import cpu_name
-from record import publish
+from record import SPEC_BENCH, publish
 
-SPEC_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 CATEGORIES = ["writing", "reasoning", "coding", "translation", "summarization", "qa", "math_reasoning", "rag"]
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -24,9 +23,8 @@ from specdecode.bench.prompts import SPEC_BENCH_TASKS, load_prompts
 from specdecode.drafters.ngram import NgramDrafter
 from specdecode.models.default import load_default_target
 from specdecode.models.load import load_model
-from record import publish
+from record import SPEC_BENCH, publish
 
-SPEC_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 TASKS = ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"]
 
 

@@ -28,9 +28,8 @@ from specdecode.models.eagle import load_eagle
 from specdecode.models.load import load_model
 from specdecode.sampling import SamplingParams
 from specdecode.text import encode_prompt
-from record import cpu_model, publish
+from record import SPEC_BENCH, cpu_model, publish
 
-PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
 CATEGORIES = ["writing", "reasoning", "coding", "translation", "summarization", "qa", "math_reasoning", "rag"]
 
 
@@ -81,7 +80,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--drafts", nargs="+", default=[str(SHIPPED)], help="feature draft directories")
     parser.add_argument("--head-tokens", type=int, nargs="+", default=[2048], help="head cuts to score")
-    parser.add_argument("--prompts", default=str(PROMPTS))
+    parser.add_argument("--prompts", default=str(SPEC_BENCH))
     parser.add_argument("--per-category", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=96, help="answer length")
     parser.add_argument("--out", default=None)

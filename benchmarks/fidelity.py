@@ -26,9 +26,8 @@ from specdecode.models.native import plan
 from specdecode.text import encode_prompt
 
 from kernel_paths import load_on_path
-from record import publish
+from record import SPEC_BENCH, publish
 
-ROOT = Path(__file__).resolve().parents[1]
 CATEGORIES = ["writing", "reasoning", "coding", "translation", "summarization", "qa", "math_reasoning", "rag"]
 
 
@@ -61,7 +60,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=Path, default=ROOT.parent / "shared/data/spec_bench/question.jsonl")
+    parser.add_argument("--prompts", type=Path, default=SPEC_BENCH)
     parser.add_argument("--categories", nargs="+", default=CATEGORIES)
     parser.add_argument("--per-category", type=int, default=3)
     parser.add_argument("--answer-tokens", type=int, default=64)

@@ -14,16 +14,14 @@ import json
 import platform
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
 from specdecode import PromptLookupDrafter, SamplingParams, Stats, encode_prompt, generate
 from specdecode.bench.prompts import load_prompts
 from specdecode.models.default import load_default_target
-from record import publish
+from record import SPEC_BENCH, publish
 
-SPEC_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 
 
 def first_of(categories, path):

@@ -29,11 +29,10 @@ from specdecode.analysis.measure import profile_model
 from specdecode.decode import speculative_decode
 from specdecode.bench.prompts import load_prompts
 from specdecode.models.load import load_model
-from record import cpu_model, publish
+from record import SPEC_BENCH, cpu_model, publish
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "Write a short story about a robot who learns to paint."
-SPEC_BENCH = ROOT.parent / "shared/data/spec_bench/question.jsonl"
 
 
 def old_module(rev: str, path: str, name: str, folder: Path):

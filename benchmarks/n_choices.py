@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from record import cpu_model, publish
+from record import SPEC_BENCH, cpu_model, publish
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = r"""
@@ -53,7 +53,7 @@ def main() -> int:
     parser.add_argument("--against-one", action="store_true", help="also time one choice (n = 1), this checkout")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    prompts = [json.loads(line) for line in (ROOT.parent / "shared/data/spec_bench/question.jsonl").open()]
+    prompts = [json.loads(line) for line in SPEC_BENCH.open()]
     text = next(p["turns"][0] for p in prompts if p.get("category") == "summarization")
     trees = {"this checkout": ROOT / "src"}
     if args.baseline is not None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -21,9 +20,8 @@ from specdecode.analysis.measure import measure_alpha
 from specdecode.bench.prompts import load_prompts
 from specdecode.drafters.ngram import NgramDrafter
 from specdecode.models.default import load_default_target
-from record import publish
+from record import SPEC_BENCH, publish
 
-SPEC_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 TOPICS = ["the ocean", "volcanoes", "a city park", "bread baking", "the moon", "chess", "rivers", "bees",
           "train travel", "photosynthesis", "a thunderstorm", "libraries", "bicycles", "coffee", "mountains",
           "the printing press", "recycling", "a marathon", "deserts", "music lessons"]

@@ -5,6 +5,9 @@ from __future__ import annotations
 import platform
 from pathlib import Path
 
+# the Spec-Bench prompt set (480 prompts in 13 categories), beside this checkout
+SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
+
 
 def publish(lines: list[str], out: str | Path | None) -> str:
     """The report (lines joined), printed, and written to `out` when given."""

@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import openai
-from record import cpu_model, publish
+from record import SPEC_BENCH, cpu_model, publish
 
 CATEGORIES = ["writing", "reasoning", "coding", "translation", "summarization", "qa", "math_reasoning", "rag"]
 SPEC_TYPES = ["ngram-simple", "ngram-mod", "ngram-cache"]
@@ -191,7 +191,7 @@ def llama_server(binary: Path, model: Path, port: int, threads: int, slots: int,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--llama-bin", required=True, help="the folder holding llama-server")
-    parser.add_argument("--prompts", default=str(Path(__file__).parents[2] / "shared/data/spec_bench/question.jsonl"))
+    parser.add_argument("--prompts", default=str(SPEC_BENCH))
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
