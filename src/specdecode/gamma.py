@@ -260,20 +260,24 @@ class AdaptiveGamma:
             if self.learn_curve:  # the forward alone, by its rows
                 forward = target_seconds - check_seconds
                 seconds, n = self._calls.get(verified, (forward, 0))
-                self._calls[verified] = (0.8 * seconds + 0.2 * forward if n else forward, n + 1)
+                self._calls[verified] = (_running(seconds, forward, n > 0), n + 1)
             step = target_seconds / self.verify_cost(verified)  # this call, in units of one-token steps
-            self.step_seconds = step if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * step
+            self.step_seconds = _running(self.step_seconds, step)
         if drafted and self.step_seconds is not None:
             c = draft_seconds / drafted / self.step_seconds
-            self.cost_ratio = 0.8 * self.cost_ratio + 0.2 * c if self._cost_seen else c
+            self.cost_ratio = _running(self.cost_ratio, c, self._cost_seen)
             self._cost_seen = True
         if not checked:
-            self._plain_check = check_seconds if self._plain_check is None else (
-                0.8 * self._plain_check + 0.2 * check_seconds)
+            self._plain_check = _running(self._plain_check, check_seconds)
         elif self.step_seconds is not None:  # before a plain call is seen, all its checking is the drafts'
             extra = max(0.0, check_seconds - (self._plain_check or 0.0)) / checked / self.step_seconds
-            self.check_cost = 0.8 * self.check_cost + 0.2 * extra if self._check_seen else extra
+            self.check_cost = _running(self.check_cost, extra, self._check_seen)
             self._check_seen = True
+
+
+def _running(mean: float | None, value: float, seen: bool = True) -> float:
+    """A running mean's next value, 0.2 on the newest; `value` itself where none was seen yet."""
+    return 0.8 * mean + 0.2 * value if seen and mean is not None else value
 
 
 def draft_lengths(policies: Sequence[GammaPolicy], rooms: Sequence[int], verify_cost,
