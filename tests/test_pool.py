@@ -5,7 +5,6 @@ import random
 
 import numpy as np
 import pytest
-import torch
 from toy import ToyModel
 
 from specdecode import SamplingParams, autoregressive_decode, lossless, speculative_decode
@@ -158,18 +157,10 @@ def test_greedy_output_equals_plain_greedy_and_a_repeated_request_drafts_from_th
     assert accepted[1] >= 20 and accepted[0] <= 10  # the toy's output does not repeat within one request
 
 
-def sampled_pvalue(drafter, gamma, params, samples=2_000):
-    """The kit's whole-sequence chi-square test, through a gamma policy (an int or an AdaptiveGamma)."""
-    world = lossless.toy_world()
-    gen = torch.Generator().manual_seed(0)
-    outcomes = []
-    with torch.inference_mode():  # as the kit's own loop
-        for _ in range(samples):
-            steps = speculative_decode(world.target, drafter, lossless.PROMPT, gamma=gamma, params=params,
-                                       max_new_tokens=lossless.LENGTH, generator=gen)
-            outcomes.append(tuple(t for s in steps for t in s.tokens))
-    expected = lossless.sequence_distribution(world.target, lossless.PROMPT, params, lossless.LENGTH)
-    return lossless.chi2_pvalue(outcomes, expected)
+def sampled_pvalue(drafter, gamma, params):
+    """The kit's whole-sequence chi-square test on its toy target, through a gamma policy (an int or
+    an AdaptiveGamma)."""
+    return lossless.whole_sequence_pvalue(drafter, lossless.toy_world().target, gamma, params)
 
 
 @pytest.mark.statistical

@@ -244,17 +244,19 @@ def toy_world(eos: Sequence[int] = ()) -> ToyWorld:
     return ToyWorld(target, draft, other)
 
 
-def whole_sequence_pvalue(drafter, target: ToyModel, gamma: int, params: SamplingParams, samples: int = 2_000,
+def whole_sequence_pvalue(drafter, target: ToyModel, gamma, params: SamplingParams, samples: int = 2_000,
                           seed: int = 0, eos: Sequence[int] = (), length: int = LENGTH, grammar=None,
                           **options) -> float:
     """Draw `samples` whole sequences of `length` new tokens after PROMPT through
     `decode.speculative_decode` with `drafter` (one drafter for all: state it keeps between
     generations is part of what is checked) and return the chi-square p-value against the target's
-    exactly enumerated distribution (under `grammar`, a `grammar.Grammar`, where given). `options`
-    go to `speculative_decode` (max_draft, min_draft)."""
+    exactly enumerated distribution (under `grammar`, a `grammar.Grammar`, where given). `gamma`: a
+    draft length or a policy (`gamma.GammaPolicy`). `options` go to `speculative_decode` (max_draft,
+    min_draft)."""
     from .decode import speculative_decode
     from .grammar import constraint_for
 
+    longest = gamma if isinstance(gamma, int) else gamma.max_gamma  # the most draft tokens a call keeps
     gen = torch.Generator().manual_seed(seed)
     outcomes = []
     # thousands of decodes of a toy model: most of their time is tensor operations' dispatch, which
@@ -265,7 +267,7 @@ def whole_sequence_pvalue(drafter, target: ToyModel, gamma: int, params: Samplin
             for step in speculative_decode(target, drafter, PROMPT, gamma=gamma, params=params,
                                            max_new_tokens=length, generator=gen,
                                            constraint=constraint_for(grammar, target), **options):
-                if not 1 <= len(step.tokens) - step.forced <= gamma + 1:
+                if not 1 <= len(step.tokens) - step.forced <= longest + 1:
                     raise RuntimeError(f"an iteration emitted {len(step.tokens)} tokens with gamma {gamma}")
                 seq += step.tokens
             outcomes.append(tuple(seq))
