@@ -45,7 +45,8 @@ def main() -> None:
     from specdecode.models.load import load_model
     from specdecode.sampling import SamplingParams
     from specdecode.stats import Stats
-    from specdecode.text import encode_prompt, generate
+    from specdecode.prompts import encode_prompt
+    from specdecode.text import generate
 
     target = load_model(args.target)
     drafter = make_drafter(args.draft, target)

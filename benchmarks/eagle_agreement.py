@@ -27,7 +27,7 @@ from specdecode.drafters.eagle import SHIPPED, head_rows
 from specdecode.models.eagle import load_eagle
 from specdecode.models.load import load_model
 from specdecode.sampling import SamplingParams
-from specdecode.text import encode_prompt
+from specdecode.prompts import encode_prompt
 from record import SPEC_BENCH, cpu_model, publish
 
 CATEGORIES = ["writing", "reasoning", "coding", "translation", "summarization", "qa", "math_reasoning", "rag"]

@@ -23,7 +23,7 @@ import torch
 from specdecode.bench.prompts import load_prompts
 from specdecode.models.load import load_model
 from specdecode.models.native import plan
-from specdecode.text import encode_prompt
+from specdecode.prompts import encode_prompt
 
 from kernel_paths import load_on_path
 from record import SPEC_BENCH, publish

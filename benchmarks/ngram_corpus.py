@@ -17,7 +17,7 @@ from specdecode.batch import generate_batch
 from specdecode.bench.prompts import load_prompts
 from specdecode.models.load import load_model
 from specdecode.sampling import SamplingParams
-from specdecode.text import encode_prompt
+from specdecode.prompts import encode_prompt
 
 
 def main() -> None:

@@ -295,7 +295,8 @@ def main() -> int:
     # the server's greedy text against the library's, prompt by prompt
     from specdecode import PromptLookupDrafter, SamplingParams
     from specdecode.models.load import load_model
-    from specdecode.text import encode_chat, generate
+    from specdecode.prompts import encode_chat
+    from specdecode.text import generate
 
     target = load_model(None)
     library, library_tokens = [], 0

@@ -70,7 +70,7 @@ def main() -> int:
     from specdecode.grammar import Constraint, Grammar, constraint_for
     from specdecode.models.default import default_target_path
     from specdecode.models.native import load_native
-    from specdecode.text import encode_prompt
+    from specdecode.prompts import encode_prompt
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-new-tokens", type=int, default=96)

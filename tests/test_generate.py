@@ -86,7 +86,7 @@ def test_incremental_text_equals_decoding_everything_for_a_real_tokenizer():
 
     from transformers import AutoTokenizer
 
-    from specdecode.text import IncrementalText
+    from specdecode.detokenize import IncrementalText
     from specdecode.models.default import trained_draft_path
 
     tokenizer = AutoTokenizer.from_pretrained(trained_draft_path())

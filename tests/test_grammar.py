@@ -178,7 +178,7 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 def test_greedy_json_on_the_real_model_parses_and_speculation_keeps_it():
     from specdecode.models.default import default_target_path
     from specdecode.models.native import load_native
-    from specdecode.text import encode_prompt
+    from specdecode.prompts import encode_prompt
 
     target = load_native(default_target_path())
     prompt = encode_prompt(target.tokenizer, "Describe a fictional programmer as JSON with name, age and languages.")

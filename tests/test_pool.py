@@ -181,7 +181,7 @@ def test_greedy_output_on_the_default_model_equals_plain_greedy_with_and_without
     from realmodel import COPY_PROMPT
 
     from specdecode.models.load import load_model
-    from specdecode.text import encode_prompt
+    from specdecode.prompts import encode_prompt
 
     target = load_model(None)
     pool = NgramPool()

@@ -615,7 +615,7 @@ def test_logprobs_through_the_openai_client_equal_the_librarys_plain_decoding(cl
     """Chat `logprobs: true` with `top_logprobs`, and completions' `logprobs: k` on a token-id prompt
     (what evaluation tools send), streamed and not: the target's own log-probabilities of the emitted
     tokens, the same as plain decoding by the library (the server speculates with prompt lookup)."""
-    from specdecode.text import encode_chat
+    from specdecode.prompts import encode_chat
 
     messages = [{"role": "user", "content": QUESTION}]
     chat = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=12,

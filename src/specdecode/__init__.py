@@ -6,7 +6,7 @@ _EXPORTS = {"AdaptiveGamma": ".gamma", "FixedGamma": ".gamma", "GammaPolicy": ".
             "Step": ".decode", "autoregressive_decode": ".decode", "speculative_decode": ".decode",
             "Draft": ".drafters", "Drafter": ".drafters", "LookupThenModelDrafter": ".drafters",
             "ModelDrafter": ".drafters", "PromptLookupDrafter": ".drafters", "Stats": ".stats",
-            "TextStep": ".text", "encode_prompt": ".text", "generate": ".text", "SamplingParams": ".sampling",
+            "TextStep": ".text", "encode_prompt": ".prompts", "generate": ".text", "SamplingParams": ".sampling",
             "Verdict": ".verify", "verify": ".verify", "Grammar": ".grammar"}
 __getattr__ = lazy_exports(__name__, _EXPORTS)
 

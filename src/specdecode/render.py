@@ -3,10 +3,13 @@ red and struck through, the target's corrected or bonus token blue."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.text import Text
 
-from .stats import Stats
-from .text import TextStep
+if TYPE_CHECKING:  # the names only: the early first token renders before the decode loop (and torch) loads
+    from .stats import Stats
+    from .text import TextStep
 
 ACCEPTED = "green"
 REJECTED = "red strike"

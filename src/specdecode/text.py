@@ -14,31 +14,10 @@ from .decode import Step, autoregressive_decode, speculative_decode
 from .drafters.base import Drafter
 from .gamma import GammaPolicy
 from .grammar import Grammar, constraint_for
-from .checks import check_prompt_text, check_stop
+from .checks import check_stop
+from .detokenize import IncrementalText, stable
 from .sampling import SamplingParams
 from .stats import Stats
-
-
-def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
-    """Token ids for a plain prompt; with `chat` the tokenizer's chat template wraps it as a user turn."""
-    check_prompt_text(prompt)
-    if chat and getattr(tokenizer, "chat_template", None):
-        return encode_chat(tokenizer, [{"role": "user", "content": prompt}])
-    return tokenizer.encode(prompt, add_special_tokens=True)
-
-
-def encode_chat(tokenizer, messages: Sequence[dict], tools: list | None = None) -> list[int]:
-    """Token ids of a conversation ({"role", "content"} turns) through the tokenizer's chat
-    template, ending with the assistant's turn opened; `tools` (OpenAI's function specs) for a
-    template that reads them."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("this model's tokenizer has no chat template; send a plain prompt instead")
-    extra = {"tools": tools} if tools else {}
-    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
-                                        return_dict=False, **extra)
-    if isinstance(ids, dict) or hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
-        ids = ids["input_ids"]
-    return list(ids)
 
 
 @dataclass
@@ -117,7 +96,7 @@ class TextPieces:
         if stats.target_calls == 1:
             stats.prefill_seconds = stats.wall_seconds
         split = len(stats.tokens) - len(step.tokens) + step.num_accepted  # accepted | target token
-        with_accepted = _stable(text.upto(split), shown)
+        with_accepted = stable(text.upto(split), shown)
         full = text.upto(len(stats.tokens))
         finish = step.finish_reason
         cut = _find_stop(full, stop, max(0, len(shown) - max((len(s) for s in stop), default=0)))
@@ -126,7 +105,7 @@ class TextPieces:
             with_accepted = with_accepted[:cut]
         # A partial character is never shown: held back until the next token completes it, and
         # dropped when the reply ends first. The start of a stop string waits for the next token.
-        full = _stable(full, shown)
+        full = stable(full, shown)
         if not finish:
             full = full[: max(len(shown), len(full) - _partial_stop(full, stop))]
         with_accepted = with_accepted[: len(full)]
@@ -141,50 +120,6 @@ class TextPieces:
         text.advance(len(stats.tokens))
         stats.finish_reason = finish
         return piece
-
-
-class IncrementalText:
-    """The text of a growing token list at a cost per call that does not grow with it.
-
-    Decoding is not concatenative token by token (a character can span tokens, and some tokenizers
-    drop or add a space depending on what precedes), so each call decodes a short window: the
-    tokens since the last-but-one `advance`, for left context, and the text they are known to
-    produce is subtracted (the scheme of vLLM's and TGI's incremental detokenisers). Where a
-    tokenizer breaks that assumption it falls back to decoding everything.
-    """
-
-    def __init__(self, tokenizer, tokens: list[int]) -> None:
-        self.tokenizer = tokenizer
-        self.tokens = tokens  # read, never written: the caller appends to it
-        self.prefix = 0  # the window starts here
-        self.read = 0  # text of tokens[:read] is known and final
-        self.read_text = ""
-
-    def _decode(self, ids) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def upto(self, end: int) -> str:
-        """Text of tokens[:end], for end >= the last `advance`."""
-        if end < self.read:
-            return self._decode(self.tokens[:end])
-        known = self._decode(self.tokens[self.prefix : self.read])
-        window = self._decode(self.tokens[self.prefix : end])
-        if not window.startswith(known):
-            return self._decode(self.tokens[:end])
-        return self.read_text + window[len(known):]
-
-    def advance(self, end: int) -> None:
-        """Fix the text of tokens[:end] (unless it ends inside a character) and slide the window."""
-        text = self.upto(end)
-        if end > self.read and not text.endswith("\ufffd"):
-            self.prefix, self.read, self.read_text = self.read, end, text
-
-
-def _stable(text: str, shown: str) -> str:
-    """Hold back a trailing partial character (a token that ends mid-UTF-8 sequence)."""
-    while text.endswith("\ufffd") and len(text) > len(shown):
-        text = text[:-1]
-    return text
 
 
 def _partial_stop(text: str, stop: Sequence[str]) -> int:

@@ -14,7 +14,8 @@ from typing import Callable, Sequence
 import torch
 
 from ..stats import Stats
-from ..text import encode_prompt, generate
+from ..prompts import encode_prompt
+from ..text import generate
 from ..sampling import SamplingParams
 from .prompts import Prompt
 

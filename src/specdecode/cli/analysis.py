@@ -130,7 +130,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 def _load_prompt_ids(args: argparse.Namespace, tokenizer):
     from ..bench.prompts import load_prompts
-    from ..text import encode_prompt
+    from ..prompts import encode_prompt
 
     prompts = load_prompts(args.prompts, args.categories, args.per_category)
     return prompts, [encode_prompt(tokenizer, p.text) for p in prompts]

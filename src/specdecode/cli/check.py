@@ -24,7 +24,7 @@ from .loading import draft_spec, load_target, use_kernels
 def _prompts(args: argparse.Namespace, target) -> list[list[int]]:
     from ..bench.prompts import load_prompts
     from ..distill.prompts import seed_prompts
-    from ..text import encode_prompt
+    from ..prompts import encode_prompt
 
     if args.prompts:
         texts = [p.text for p in load_prompts(args.prompts, args.categories, args.per_category)]

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..text import encode_prompt
+from ..prompts import encode_prompt
 from .prompts import passage_prompts, seed_prompts
 
 

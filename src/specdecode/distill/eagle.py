@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from ..drafters.eagle import head_rows
 from ..models.base import ForwardCall
 from ..models.eagle import EagleConfig, EagleNet, check_fits, load_eagle, save_eagle
-from ..text import encode_prompt
+from ..prompts import encode_prompt
 from .prompts import TRANSLATED, passage_prompts, seed_prompts
 
 

@@ -143,7 +143,7 @@ def _measured_choice(path: Path, threads: int | None, n_ctx: int, measure_again:
     """The native backend or llama.cpp, whichever is measured faster here (cached per machine)."""
     from importlib.metadata import version
 
-    from .choose import choose
+    from .choose import choice_path, choose
     from .native import load_native
     from .native.plan import kernel_plan
     from .native.threads import cores
@@ -156,4 +156,5 @@ def _measured_choice(path: Path, threads: int | None, n_ctx: int, measure_again:
                "llama.cpp": lambda: LlamaCppModel(path, n_threads=threads, n_ctx=n_ctx)}
     choice, model = choose(path, threads, signature, loaders, refresh=measure_again)
     model.backend_choice = choice
+    model.backend_choice_file = choice_path(path, threads, signature)  # what a first-token snapshot checks
     return model

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from fastapi import Request as HTTPRequest
 
 from ..stats import Stats
-from ..text import encode_chat
+from ..prompts import encode_chat
 from .engine import Engine, Job
 from .metrics import Metrics
 from .request import Limits, RequestError, decode_body

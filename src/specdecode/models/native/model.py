@@ -197,27 +197,37 @@ class NativeLlama:
         where every product is one the C layers run with float32 activations; else None."""
         if not isinstance(self.kernels, CKernels) or self.compute_dtype != torch.float32:
             return None
-        products, pointers, kinds = self.kernels.products, [], []
-        for b in self.blocks:
-            slot = {n: b[n].data_ptr() for n in ("attn_norm", "mlp_norm")}
-            slot |= {n: 0 if b[n] is None else b[n].data_ptr()
-                     for n in ("qkv_bias", "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm")}
-            for n in PRODUCT_NAMES:
-                m = b[n]
-                if isinstance(m, Int4Linear) and m.kind in products:
-                    slot[n], slot[n + "_coef"] = m.packed.data_ptr(), m.coef.data_ptr()
-                elif isinstance(m, Q8Linear):
-                    slot[n], slot[n + "_coef"] = m.q.data_ptr(), m.scales.data_ptr()
-                elif isinstance(m, (F32Linear, StackedLinear)):
-                    slot[n], slot[n + "_coef"] = (m.w if isinstance(m, F32Linear) else m.descriptor).data_ptr(), 0
-                else:
-                    return None
-                kinds.append(products["f32" if isinstance(m, F32Linear) else m.kind])
-            pointers.append([slot[n] for n in self.kernels.slots])
+        tensors = self.c_tensors()
+        if tensors is None:
+            return None
+        slots, kinds = tensors
+        pointers = [[0 if t is None else t.data_ptr() for t in layer] for layer in slots]
         windows = torch.tensor(self.windows, dtype=torch.int32) if any(self.windows) else None
         return self.kernels.decode_model(torch.tensor(pointers, dtype=torch.int64),
                                          torch.tensor(kinds, dtype=torch.int32).view(-1, 4), windows, self.dim,
                                          self.blocks[0]["gate_up"].out_features // 2, self.eps, self.gelu)
+
+    def c_tensors(self) -> tuple[list[list[torch.Tensor | None]], list[int]] | None:
+        """Each layer's tensors in the C decode layers' slots (`kernels.slots`; None where the
+        architecture has none) and the product ids of its q|k|v, o, gate|up and down, one list; None
+        where a product is not one the C layers run."""
+        products, slots, kinds = self.kernels.products, [], []
+        for b in self.blocks:
+            slot = {n: b[n] for n in ("attn_norm", "mlp_norm", "qkv_bias", "q_norm", "k_norm", "post_attn_norm",
+                                      "post_mlp_norm")}
+            for n in PRODUCT_NAMES:
+                m = b[n]
+                if isinstance(m, Int4Linear) and m.kind in products:
+                    slot[n], slot[n + "_coef"] = m.packed, m.coef
+                elif isinstance(m, Q8Linear):
+                    slot[n], slot[n + "_coef"] = m.q, m.scales
+                elif isinstance(m, (F32Linear, StackedLinear)):
+                    slot[n], slot[n + "_coef"] = (m.w if isinstance(m, F32Linear) else m.descriptor), None
+                else:
+                    return None
+                kinds.append(products["f32" if isinstance(m, F32Linear) else m.kind])
+            slots.append([slot[n] for n in self.kernels.slots])
+        return slots, kinds
 
     @staticmethod
     def _block_products(source, i: int) -> dict[str, Weight]:
