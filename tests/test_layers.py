@@ -10,7 +10,8 @@ import specdecode
 ROOT = Path(specdecode.__file__).parent
 # Lowest first. A module belongs to the layer of its longest matching prefix.
 LAYERS = [
-    ["specdecode.checks", "specdecode.defaults", "specdecode.lazy", "specdecode.progress"],
+    ["specdecode.checks", "specdecode.defaults", "specdecode.lazy", "specdecode.progress", "specdecode.prompts",
+     "specdecode.detokenize"],
     ["specdecode.sampling", "specdecode.grammar", "specdecode.models.base"],
     ["specdecode.verify", "specdecode.formulas"],
     ["specdecode.gamma", "specdecode.scheduler", "specdecode.models", "specdecode.drafters", "specdecode.prefix"],
