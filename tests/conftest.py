@@ -1,6 +1,9 @@
+import io
 import os
 import sys
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
+from types import SimpleNamespace
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on two cores: one thread each, and
     os.environ["OMP_NUM_THREADS"] = "1"    # the same for the processes they start (CLI, server)
@@ -25,6 +28,20 @@ def _one_thread_for_small_tensors(request):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def cli(*args) -> SimpleNamespace:
+    """`specdecode ARGS` in this process, its exit code, stdout and stderr as `subprocess.run` names
+    them: the command as a user runs it, less an interpreter's start-up and PyTorch's import (3-4 s)."""
+    from specdecode.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as e:
+            code = e.code
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def run_cli(capsys, *args) -> tuple[int, str, str]:

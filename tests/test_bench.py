@@ -2,18 +2,13 @@
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 
+from conftest import cli as run
 from specdecode.formulas import hardware_speedup, speedup
 
 pytestmark = pytest.mark.slow
-
-
-def run(*args):
-    return subprocess.run([sys.executable, "-m", "specdecode", *args], capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import run_cli
+from conftest import cli, run_cli
 from realmodel import COPY_PROMPT
 
 QUESTION = "What is the capital of France?"
@@ -45,7 +45,7 @@ def test_empty_prompt_is_refused():  # through `python -m specdecode`, as a user
 
 @pytest.mark.slow
 def test_generate_json_on_the_default_model():
-    result = run("generate", QUESTION, "--json", "--max-new-tokens", "24", "--dtype", "float32")
+    result = cli("generate", QUESTION, "--json", "--max-new-tokens", "24", "--dtype", "float32")
     assert result.returncode == 0, result.stderr
     record = json.loads(result.stdout)
     assert "Paris" in record["text"]
@@ -60,7 +60,7 @@ def test_generate_json_on_the_default_model():
 def test_streamed_text_speculative_equals_baseline(tmp_path):
     prompt = COPY_PROMPT
     common = ["generate", prompt, "--max-new-tokens", "40", "--dtype", "float32", "--no-color"]
-    spec, base = run(*common), run(*common, "--baseline")
+    spec, base = cli(*common), cli(*common, "--baseline")
     assert spec.returncode == 0 and base.returncode == 0, spec.stderr + base.stderr
     assert spec.stdout == base.stdout and "committee" in spec.stdout
     assert "target calls" in spec.stderr and "acceptance" in spec.stderr and "tokens/s" in spec.stderr
@@ -69,7 +69,7 @@ def test_streamed_text_speculative_equals_baseline(tmp_path):
 
 @pytest.mark.slow
 def test_suffix_drafting_from_the_command_line_equals_baseline_and_drafts():
-    done = run("generate", COPY_PROMPT, "--max-new-tokens", "40", "--json", "--gamma", "4", "--draft", "suffix",
+    done = cli("generate", COPY_PROMPT, "--max-new-tokens", "40", "--json", "--gamma", "4", "--draft", "suffix",
                "--compare")  # --compare: plain decoding of the same prompt after it, in the same process
     assert done.returncode == 0, done.stderr
     suffix = json.loads(done.stdout)
@@ -81,7 +81,7 @@ def test_suffix_drafting_from_the_command_line_equals_baseline_and_drafts():
 def test_adaptive_gamma_output_equals_baseline():
     prompt = COPY_PROMPT
     common = ["generate", prompt, "--max-new-tokens", "40", "--dtype", "float32", "--json"]
-    auto, base = run(*common, "--gamma", "auto"), run(*common, "--baseline")
+    auto, base = cli(*common, "--gamma", "auto"), cli(*common, "--baseline")
     assert auto.returncode == 0 and base.returncode == 0, auto.stderr + base.stderr
     auto, base = json.loads(auto.stdout), json.loads(base.stdout)
     assert auto["tokens"] == base["tokens"]
@@ -104,7 +104,7 @@ def test_draft_sharing_no_token_with_the_target_is_refused_naming_both(tmp_path)
     draft_dir = tmp_path / "other-vocab-draft"
     LlamaForCausalLM(config).save_pretrained(draft_dir)
     tokenizer.save_pretrained(draft_dir)
-    result = run("generate", QUESTION, "--draft", str(draft_dir))
+    result = cli("generate", QUESTION, "--draft", str(draft_dir))
     assert result.returncode == 2
     assert "target vocabulary SmolLM2-135M-Instruct" in result.stderr
     assert "draft vocabulary other-vocab-draft (100 tokens" in result.stderr
@@ -116,11 +116,11 @@ def test_ngram_fit_then_generate_with_it(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("The capital of France is Paris.\nParis is the capital and largest city of France.\n" * 3)
     out = tmp_path / "bigram.npz"
-    result = run("ngram", "fit", "--corpus", str(corpus), "--order", "2", "--out", str(out))
+    result = cli("ngram", "fit", "--corpus", str(corpus), "--order", "2", "--out", str(out))
     assert result.returncode == 0 and out.exists(), result.stderr
     assert "fitted a 2-gram" in result.stdout
     common = ["generate", QUESTION, "--max-new-tokens", "16", "--dtype", "float32", "--json"]
-    spec = json.loads(run(*common, "--draft", f"ngram:{out}", "--gamma", "3", "--compare").stdout)
+    spec = json.loads(cli(*common, "--draft", f"ngram:{out}", "--gamma", "3", "--compare").stdout)
     assert spec["compare"]["identical"] is True and spec["accepted"] > 0  # plain decoding gave the same tokens
-    missing = run(*common, "--draft", f"ngram:{tmp_path / 'none.npz'}")
+    missing = cli(*common, "--draft", f"ngram:{tmp_path / 'none.npz'}")
     assert missing.returncode == 2 and "does not exist" in missing.stderr

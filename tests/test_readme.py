@@ -52,9 +52,10 @@ def test_every_python_block_runs_as_written(index, tmp_path):
             result = python(code.replace("http://127.0.0.1:8000", base), tmp_path)
         finally:
             _stop(process)
-    elif code.startswith("# repeat.py"):  # a drafter of one's own: saved as the README says, then proved
-        (tmp_path / "repeat.py").write_text(code)
-        result = subprocess.run([sys.executable, "-m", "specdecode", "check", "--draft", "repeat:RepeatLast"],
+    elif code.startswith("# repeat.py"):  # a drafter of one's own: saved as the README says, then proved, on
+        (tmp_path / "repeat.py").write_text(code)  # fewer samples and prompts than check's defaults (as test_check)
+        result = subprocess.run([sys.executable, "-m", "specdecode", "check", "--draft", "repeat:RepeatLast",
+                                 "--samples", "1000", "--num-prompts", "4"],
                                 capture_output=True, text=True, timeout=600, cwd=tmp_path)
     else:
         result = python(code, tmp_path)
