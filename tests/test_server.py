@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from conftest import cli as in_process
+
 openai = pytest.importorskip("openai")
 
 pytestmark = pytest.mark.slow
@@ -87,8 +89,7 @@ def chat(content: str = QUESTION, **extra) -> dict:
 def test_chat_greedy_equals_the_cli_and_carries_consistent_statistics(client):
     response = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
                                               temperature=0, max_tokens=16)
-    cli = subprocess.run([sys.executable, "-m", "specdecode", "generate", QUESTION, "--max-new-tokens", "16", "--json"],
-                         capture_output=True, text=True, timeout=600)
+    cli = in_process("generate", QUESTION, "--max-new-tokens", "16", "--json")
     assert cli.returncode == 0, cli.stderr[-2000:]
     assert response.choices[0].message.content == json.loads(cli.stdout)["text"]
     assert response.choices[0].finish_reason in ("stop", "length")
