@@ -300,7 +300,15 @@ def test_gemma3_matches_llama_cpp_with_its_sliding_window(gemma3, fmt):
     ours, theirs = _next_token_logprobs(native, tokens), _next_token_logprobs(oracle, tokens)
     kl = (theirs.exp() * (theirs - ours)).sum(-1)
     agree = (ours.argmax(-1) == theirs.argmax(-1)).double().mean().item()
-    assert kl.mean().item() < 0.01 and agree >= 0.85, (fmt, native.dtype, kl.mean().item(), agree)
+    assert kl.mean().item() < 0.01, (fmt, native.dtype, kl.mean().item())
+    if native.dtype == "int4":  # float activations against llama.cpp's 8-bit ones: apart by its rounding, so
+        # no further than llama.cpp from the float32 run (as the K-quants' test); measured on the portable
+        # path 0.328 against its 0.330, with agreement 0.825 (entropy ~6.9 nats: near ties abound)
+        exact = _next_token_logprobs(load_native(gemma3["F32"], dtype="float32", max_positions=64), tokens)
+        ours_off, theirs_off = ((exact.exp() * (exact - q)).sum(-1).mean().item() for q in (ours, theirs))
+        assert ours_off <= 1.05 * theirs_off, (ours_off, theirs_off, agree)
+    else:
+        assert agree >= 0.85, (fmt, native.dtype, agree)
 
 
 def test_gemma3_in_float32_is_transformers_gemma3(gemma3):
