@@ -312,7 +312,7 @@ def _quantisation_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return step / 2 @ weight_mass.t() * 1.001 + 1e-5
 
 
-@pytest.mark.parametrize("product", ["q4q8", "q40q8", "q5q8", "q4kq8", "q5kq8", "q8q8", "q6q8"])
+@pytest.mark.parametrize("product", ["q4q8", "q40q8", "q5q8", "q4kq8", "q5kq8", "q8q8", "q6q8", "q6kq8"])
 def test_int8_activation_products_give_the_portable_bits_rows_alone_within_the_rounding_bound(lib, product):
     """The integer products (activations rounded to 8 bits per group of 32, exact integer dot
     products): the same bits as the portable build's, each row the same alone and in batches, and
@@ -340,10 +340,13 @@ def test_int8_activation_products_give_the_portable_bits_rows_alone_within_the_r
             groups = k_groups(out_features, in_features, gen, bits=4 if product == "q4kq8" else 5)
             weight = groups.dense()
             make = lambda k: Int4Linear.from_k_quant(groups, k)  # noqa: E731
-        elif product == "q6q8":  # Q6_K's: q - 32 in -32..31, a scale d sc a 16 inputs
+        elif product in ("q6q8", "q6kq8"):  # Q6_K's: q - 32 in -32..31, a scale d sc a 16 inputs; int8 or 6 bits
             groups = q6k_groups(out_features, in_features, gen)
             weight = groups.dense()
-            make = lambda k: Q8Linear.from_groups(groups, k, int8_activations=True)  # noqa: E731
+
+            def make(k, packed=product == "q6kq8"):
+                k.q6k_packed = packed
+                return Q8Linear.from_groups(groups, k, int8_activations=True)
         else:
             q = torch.randint(-127, 128, (out_features, in_features // 32, 32), generator=gen).float()
             q[..., 0] = 127
@@ -359,6 +362,10 @@ def test_int8_activation_products_give_the_portable_bits_rows_alone_within_the_r
         assert ((y - x @ weight.t()).abs() <= _quantisation_bound(x, weight)).all()
         alone = torch.cat([linear(x[i : i + 1]) for i in range(16)])
         assert torch.equal(y, alone) and all(torch.equal(linear(x[:rows]), y[:rows]) for rows in range(2, 16))
+        if product == "q6kq8":  # the same integers as from the int8 layout, and the same rows read back
+            as_int8, ids = make(ours, packed=False), torch.randint(0, out_features, (20,), generator=gen)
+            assert torch.equal(y, as_int8(x)) and torch.equal(linear.rows(ids), as_int8.rows(ids))
+            assert torch.equal(linear.rows(ids), weight[ids])
     with pytest.raises(ValueError, match="8-bit activations need the C kernels"):
         Int4Linear.quantize(q4_grid(96, 576, gen), torch.float32, TorchKernels(H, HKV, HD), int8_activations=True)
 

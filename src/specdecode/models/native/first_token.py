@@ -31,7 +31,7 @@ from .plan import DecodeModel, kernel_plan
 
 ALIGN = 64
 # the head products called as product(x, weights, coefficients, y, rows, in, out, threads) on float32 x
-HEAD_KINDS = ("q8", "q8q8", "q6q8", "q4f", "q4q8", "q5q8", "q40q8", "q4kq8", "q5kq8")
+HEAD_KINDS = ("q8", "q8q8", "q6q8", "q6kq8", "q4f", "q4q8", "q5q8", "q40q8", "q4kq8", "q5kq8")
 EMBEDDING_ROWS = ("q8", "q8q8")  # a tied head's layouts whose rows `_embed` reads back
 
 

@@ -129,6 +129,9 @@ class CKernels(TorchKernels):
         self._f32_matmul, self._decode_layers = lib.f32_matmul, lib.decode_layers
         self._q4kq8_matmul, self._q5kq8_matmul, self._q5q8_matmul = lib.q4kq8_matmul, lib.q5kq8_matmul, lib.q5q8_matmul
         self._q6q8_matmul, self._q40q8_matmul = lib.q6q8_matmul, lib.q40q8_matmul
+        self._q6kq8_matmul = lib.q6kq8_matmul
+        # Q6_K's values in 6 bits (q6kq8) where the build has vector code for them, else as int8 (q6q8)
+        self.q6k_packed = bool(lib.q6kq8_vector())
         # decode_layers' product ids by the Python products' `kind`, and its layer slots, from the
         # library itself (csrc/kernels.h's PRODUCT_KINDS and LAYER_SLOTS)
         self.products = {name: i for i, name in enumerate(lib.product_kinds().decode().split(","))}
@@ -202,6 +205,10 @@ class CKernels(TorchKernels):
         """q8q8_matmul with a scale a 16 inputs (Q6_K's d sc): scales [out / 16, in / 256, 288] uint8, per
         16 outputs and super-block d [16] float16 then sc [16 groups][16 outputs] int8 (common.h)."""
         return self._grouped(self._q6q8_matmul, x, q, scales, "8-bit product")
+
+    def q6kq8_matmul(self, x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """q6q8_matmul on Q6_K's values packed in 6 bits: q [out / 16, in / 32, 384] uint8 (`linear.pack_q6k`)."""
+        return self._grouped(self._q6kq8_matmul, x, q, scales, "8-bit product")
 
     def q4_matmul(self, x: torch.Tensor, q: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
         """x [T, in] bf16 @ W^T for W in Q4_1 groups laid out as the C kernels' q4_matmul takes them:

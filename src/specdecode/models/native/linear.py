@@ -298,8 +298,6 @@ class Q8Linear:
         if K % 32 or N % 16 or not hasattr(kernels, "q8_matmul"):
             return None
         q = groups.q
-        if int8_activations:  # q8q8_matmul's: [out/16, in/32, 8, 16, 4] bytes, q + 128 (chunk c, output o, input 4c+j)
-            q = (q.view(torch.uint8) ^ 128).view(N // 16, 16, K // 32, 8, 4).permute(0, 2, 3, 1, 4).contiguous()
         if isinstance(groups, Groups6):
             if not int8_activations:
                 return None
@@ -307,8 +305,12 @@ class Q8Linear:
             # inputs, d [16] float16 then sc [16 groups][16 outputs] int8, as the file factors the scales
             d = groups.d.half().view(N // 16, 16, K // 256).permute(0, 2, 1).contiguous().view(torch.uint8)
             sc = groups.sc.view(N // 16, 16, K // 256, 16).permute(0, 2, 3, 1).reshape(N // 16, K // 256, 256)
-            return cls(q, torch.cat([d.view(N // 16, K // 256, 32), sc.view(torch.uint8)], dim=-1).contiguous(),
-                       kernels, kind="q6q8")
+            coef = torch.cat([d.view(N // 16, K // 256, 32), sc.view(torch.uint8)], dim=-1).contiguous()
+            if getattr(kernels, "q6k_packed", False):  # the values in 6 bits: a quarter fewer bytes a step
+                return cls(pack_q6k(q), coef, kernels, kind="q6kq8")
+            return cls(_q8q8_layout(q), coef, kernels, kind="q6q8")
+        if int8_activations:
+            q = _q8q8_layout(q)
         scales = groups.d.float().view(N // 16, 16, K // 32).transpose(1, 2).contiguous()  # [out/16, in/32, 16]
         if int8_activations:
             return cls(q, scales, kernels, kind="q8q8")
@@ -322,7 +324,7 @@ class Q8Linear:
         """Rows `ids` of W (float32 [len(ids), in]), read back from the kernel's layout: a tied
         embedding looks its tokens up here rather than keeping a second copy of the table."""
         block, o = ids // 16, ids % 16
-        if self.kind == "q6q8":  # [out/16, in/256, 288] bytes: d [16] float16, sc [16 groups][16] int8
+        if self.kind in ("q6q8", "q6kq8"):  # [out/16, in/256, 288] bytes: d [16] float16, sc [16 groups][16] int8
             coef = self.scales[block]  # [T, in / 256, 288]
             d = coef[..., :32].contiguous().view(torch.float16).float()[torch.arange(len(ids)), :, o]  # [T, in/256]
             sc = coef[..., 32:].view(torch.int8).view(len(ids), -1, 16, 16)[torch.arange(len(ids)), :, :, o]
@@ -331,10 +333,46 @@ class Q8Linear:
             scales = self.scales[block, :, o]  # [T, in / 32]
         if self.kind in ("q8q8", "q6q8"):  # [out/16, in/32, 8, 16, 4] bytes, q + 128
             q = self.q[block, :, :, o].to(torch.int16) - 128  # [T, in / 32, 8, 4]
+        elif self.kind == "q6kq8":
+            q = unpack_q6k(self.q[block], o) - 32  # [T, in / 32, 8, 4]
         else:  # [out/16, in, 16] int8
             q = self.q[block, :, o]  # [T, in]
         T = ids.shape[0]
         return (q.reshape(T, scales.shape[1], -1).float() * scales[..., None]).reshape(T, -1)
+
+
+def _q8q8_layout(q: torch.Tensor) -> torch.Tensor:
+    """int8 q [N, K] -> q8q8_matmul's [N/16, K/32, 8, 16, 4] bytes, q + 128 (chunk c, output o, input 4c+j)."""
+    N, K = q.shape
+    return (q.view(torch.uint8) ^ 128).view(N // 16, 16, K // 32, 8, 4).permute(0, 2, 3, 1, 4).contiguous()
+
+
+def pack_q6k(q: torch.Tensor) -> torch.Tensor:
+    """Q6_K's values as q - 32, int8 [N, K] -> q6kq8_matmul's [N/16, K/32, 384] bytes (csrc/common.h's
+    Q6K_GROUP_BYTES): q in 0..63, chunk c's 32 bytes of nibbles (byte 4o + j: input 4c + j of output o
+    low, of output o + 8 high), then after all 8 chunks' nibbles each chunk's 16 bytes of high bits
+    (byte k: those of nibble bytes k and k + 16, low nibbles in bits 0-3, high ones in bits 4-7)."""
+    N, K = q.shape
+    u = (q.to(torch.int16) + 32).to(torch.uint8).view(N // 16, 16, K // 32, 8, 4).permute(0, 2, 3, 1, 4)
+    low, high = u[..., :8, :].reshape(N // 16, K // 32, 8, 32), u[..., 8:, :].reshape(N // 16, K // 32, 8, 32)
+    nibbles = (low & 15) | ((high & 15) << 4)
+    low, high = low >> 4, high >> 4  # the two high bits
+    bits = low[..., :16] | (low[..., 16:] << 2) | (high[..., :16] << 4) | (high[..., 16:] << 6)
+    return torch.cat([nibbles.reshape(N // 16, K // 32, 256), bits.reshape(N // 16, K // 32, 128)], -1).contiguous()
+
+
+def unpack_q6k(groups: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """Output o[t]'s values (0..63, int16 [T, K/32, 8, 4]: chunk, input) of groups [T, K/32, 384]
+    (`pack_q6k`'s layout, each its 16 outputs' block)."""
+    T, G = groups.shape[:2]
+    byte = 4 * (o % 8)[:, None] + torch.arange(4)  # [T, 4]: nibble byte b of each input of a chunk
+    high = (o >= 8).to(torch.int16)[:, None, None, None]
+    rows = torch.arange(T)[:, None]
+    nibbles = groups[..., :256].view(T, G, 8, 32).permute(0, 3, 1, 2)[rows, byte]  # [T, 4, G, 8]
+    bits = groups[..., 256:].view(T, G, 8, 16).permute(0, 3, 1, 2)[rows, byte % 16]
+    nibbles, bits = nibbles.permute(0, 2, 3, 1).to(torch.int16), bits.permute(0, 2, 3, 1).to(torch.int16)
+    shift = (2 * (byte // 16)).to(torch.int16)[:, None, None, :] + 4 * high  # [T, 1, 1, 4]
+    return ((nibbles >> (4 * high)) & 15) | (((bits >> shift) & 3) << 4)
 
 
 class StackedLinear:

@@ -458,7 +458,7 @@ FORMATS = {  # by gguf's GGMLQuantizationType name
     "Q8_0": Format(34, _q8_0, ("q8", "q8q8")),
     "Q4_K": Format(144, lambda b: _k_quant(b, five=False), ("q4kq8",)),
     "Q5_K": Format(176, lambda b: _k_quant(b, five=True), ("q5kq8",)),
-    "Q6_K": Format(210, _q6_k, ("q6q8",)),
+    "Q6_K": Format(210, _q6_k, ("q6q8", "q6kq8")),
 }
 
 

@@ -46,6 +46,7 @@
  *   kernel (block function)            AVX512 VNNI     AVX2            NEON dotprod    otherwise
  *   f32_blocks, q8_blocks, q4f_blocks  (the AVX2 ones) matmul_avx2.c   -               generic
  *   q4q8_blocks, q8q8_blocks           matmul_avx512.c matmul_avx2.c   matmul_neon.c   generic
+ *   q6kq8_blocks                       (the AVX2 one)  matmul_avx2.c   -               generic
  *   q4_matmul (bf16 activations)       matmul_avx512.c with AVX512-BF16, else generic's stub (not built)
  *
  * Where two ISA files could define one (an AVX-512 build is an AVX2 build too), the first in the row
@@ -59,10 +60,13 @@
 
 #define Q4_BF16_AVX512 KERNELS_AVX512_BF16
 
+#define Q6K_PRODUCTS_AVX2 KERNELS_AVX2 /* q6kq8: Q6_K's packed 6-bit values (AVX-512 builds included) */
+
 /* ---- the fallback: matmul_generic.c's kernel wherever no ISA file has one ---------------------- */
 
 #define FLOAT_PRODUCTS_GENERIC (!FLOAT_PRODUCTS_AVX2)
 #define INT8_PRODUCTS_GENERIC (!INT8_PRODUCTS_AVX512 && !INT8_PRODUCTS_AVX2 && !INT8_PRODUCTS_NEON)
 #define Q4_BF16_GENERIC (!Q4_BF16_AVX512)
+#define Q6K_PRODUCTS_GENERIC (!Q6K_PRODUCTS_AVX2)
 
 #endif

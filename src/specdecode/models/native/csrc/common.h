@@ -171,6 +171,7 @@ INTERNAL void q5kq8_blocks(void *ctx, int nb); /* the same, 5-bit values (Q5_K) 
 INTERNAL void q40q8_blocks(void *ctx, int nb); /* the same, Q4_0's coefficients (d alone) */
 INTERNAL void q8q8_blocks(void *ctx, int nb); /* the same */
 INTERNAL void q6q8_blocks(void *ctx, int nb); /* the same, a scale a 16 inputs */
+INTERNAL void q6kq8_blocks(void *ctx, int nb); /* q6q8's, on Q6_K's values packed in 6 bits (Q6K_GROUP_BYTES) */
 
 /* CALL(r0, R) over rows 0.. in groups of at most MAX (1, 4 or 8), R a constant in each call, so that
  * each ROWS_FN is compiled for every group size it takes. */
@@ -247,11 +248,35 @@ enum { FORMAT_Q4, FORMAT_Q5, FORMAT_K4, FORMAT_K5, FORMAT_Q40 };
         FOR_ROW_GROUPS(MAX_ROWS, rows, Q6Q8_CALL)                                                \
     }
 
+/* q6kq8_rows: q6q8's over the packed values (each ISA file that has it, or matmul_generic.c) */
+#define Q6KQ8_CALL(r0, R) q6kq8_rows(a, qb, sb, y, in, out, nb, r0, R)
+#define DEFINE_Q6KQ8_BLOCKS(MAX_ROWS)                                                            \
+    INTERNAL void q6kq8_blocks(void *ctx, int nb) {                                              \
+        const product_t *p = ctx;                                                                \
+        const q8_rows_t *a = p->extra;                                                           \
+        const int in = p->in, out = p->out, rows = p->rows;                                      \
+        const uint8_t *qb = (const uint8_t *)p->q + (long)nb * (in / 32) * Q6K_GROUP_BYTES;      \
+        const uint8_t *sb = (const uint8_t *)p->coef + (long)nb * (in / 256) * Q6K_BYTES;        \
+        float *y = p->y;                                                                         \
+        FOR_ROW_GROUPS(MAX_ROWS, rows, Q6KQ8_CALL)                                               \
+    }
+
 /* Q6_K's scales as the file factors them, per 16 outputs and super-block of 256 inputs Q6K_BYTES
  * bytes: d [16] float16, then the int8 sc [16 groups][16 outputs] of its groups of 16 inputs; group
  * j's scale d sc[j] is exact in float32 (11 by 8 bits). The row kernels compute each group's 16
  * scales where they use them (q6k_block and q6k_sc: its super-block's bytes and its place there). */
 enum { Q6K_BYTES = 32 + 256 };
+/* q6kq8's weights, per 16 outputs and group of 32 inputs: Q6_K's q (0..63; w = d sc (q - 32)) in 384
+ * bytes, 6 bits each. First 256 bytes of low nibbles as q4q8's (chunk c's byte 4o + j: input 4c + j of
+ * output o in its low nibble, of output o + 8 in its high one), then 16 bytes a chunk of the high
+ * two bits: chunk byte k holds those of the value in nibble byte k's low nibble (bits 0-1), byte
+ * k + 16's low nibble (2-3), byte k's high nibble (4-5) and byte k + 16's high nibble (6-7). */
+enum { Q6K_GROUP_BYTES = 384, Q6K_HIGH = 256 };
+static inline int q6k_value(const uint8_t *grp, int c, int o, int j) { /* output o's input 4c + j, 0..63 */
+    const int b = 4 * (o % 8) + j, high = o >= 8;
+    const int nibble = (grp[c * 32 + b] >> (4 * high)) & 15;
+    return nibble | (((grp[Q6K_HIGH + c * 16 + b % 16] >> (2 * (b / 16) + 4 * high)) & 3) << 4);
+}
 static inline const uint8_t *q6k_block(const void *sb, int group16) {
     return (const uint8_t *)sb + (long)(group16 / 16) * Q6K_BYTES;
 }

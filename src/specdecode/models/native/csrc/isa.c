@@ -34,3 +34,5 @@ int q4q8_vector(void) {
     return 0;
 #endif
 }
+
+int q6kq8_vector(void) { return Q6K_PRODUCTS_AVX2; }

@@ -114,6 +114,11 @@ int q4_matmul(const uint16_t *x, const uint8_t *q, const float *coef, uint16_t *
  * outputs] int8 (common.h's Q6K_BYTES); in a multiple of 256 */
 int q6q8_matmul(const float *x, const uint8_t *q, const uint8_t *coef, float *y, int rows, int in, int out,
                 int threads);
+/* The same with Q6_K's q (0..63) packed in 6 bits: q [out / 16][in / 32][384] bytes (common.h's Q6K_GROUP_BYTES) */
+int q6kq8_matmul(const float *x, const uint8_t *q, const uint8_t *coef, float *y, int rows, int in, int out,
+                 int threads);
+/* Whether q6kq8_matmul has vector code in this build (AVX2): else q6q8's layout is the faster */
+int q6kq8_vector(void);
 
 /* ---- a decode forward (layers.c) --------------------------------------------------------------- */
 
@@ -124,7 +129,7 @@ int q6q8_matmul(const float *x, const uint8_t *q, const uint8_t *coef, float *y,
  * part's kind, q, coef and outputs, whose columns of y are its own in turn (coef unused). */
 #define PRODUCT_KINDS(X) \
     X(Q4F, q4f) X(Q4Q8, q4q8) X(Q4KQ8, q4kq8) X(Q8, q8) X(Q8Q8, q8q8) X(F32, f32) X(Q6Q8, q6q8) X(STACKED, stacked) \
-    X(Q5KQ8, q5kq8) X(Q5Q8, q5q8) X(Q40Q8, q40q8)
+    X(Q5KQ8, q5kq8) X(Q5Q8, q5q8) X(Q40Q8, q40q8) X(Q6KQ8, q6kq8)
 #define PRODUCT_ID(id, name) PRODUCT_##id,
 enum { PRODUCT_KINDS(PRODUCT_ID) PRODUCT_KIND_COUNT };
 

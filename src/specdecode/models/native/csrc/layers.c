@@ -57,6 +57,7 @@ static int product(int kind, const float *x, const void *q, const void *coef, fl
     case PRODUCT_Q8: return q8_matmul(x, q, coef, y, rows, in, out, threads);
     case PRODUCT_Q8Q8: return q8q8_matmul(x, q, coef, y, rows, in, out, threads);
     case PRODUCT_Q6Q8: return q6q8_matmul(x, q, coef, y, rows, in, out, threads);
+    case PRODUCT_Q6KQ8: return q6kq8_matmul(x, q, coef, y, rows, in, out, threads);
     case PRODUCT_F32: f32_matmul(x, q, y, rows, in, out, threads); return 0;
     default: return 1;
     }

@@ -265,4 +265,64 @@ static inline __attribute__((always_inline)) void q8q8_rows(const q8_rows_t *a, 
 DEFINE_Q8Q8_BLOCKS(4)
 #endif
 
+/* ---- q6kq8: Q6_K's values packed in 6 bits (common.h's Q6K_GROUP_BYTES), every AVX2 build -------- */
+
+#if Q6K_PRODUCTS_AVX2
+/* q8q8_rows' q6q8 (a scale a 16 inputs) on a quarter fewer weight bytes: a chunk's 64 values are its
+ * 32 bytes of nibbles and 16 of high bits (both lanes take the 16: lane 0 bytes 0-15 at shifts 0 and 4,
+ * lane 1 bytes 16-31 at 2 and 6), 0..63 unsigned, so vpmaddubsw takes them as they are (pairs of 63 x
+ * 127 at most) and each half group's sum of q xq less 32 sum(xq) is q6q8's sum of (q - 32) xq: the
+ * same integers, scaled and added in the same order, so the same bits. */
+static inline __attribute__((always_inline)) void q6kq8_rows(const q8_rows_t *a, const uint8_t *qb, const void *sb,
+                                                             float *y, int in, int out, int nb, int r0, const int R) {
+    const int groups = in / 32;
+    const __m256i nibble = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
+    const __m256i shift_lo = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2), shift_hi = _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6);
+    __m256 acc[4][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        const uint8_t *grp = qb + (long)g * Q6K_GROUP_BYTES;
+        for (int line = 0; line < Q6K_GROUP_BYTES; line += 64)
+            _mm_prefetch((const char *)(grp + 4 * Q6K_GROUP_BYTES + line), _MM_HINT_T0);
+        for (int part = 0; part < 2; part++) {
+            __m256i S[4][2];
+            for (int r = 0; r < R; r++) S[r][0] = S[r][1] = _mm256_setzero_si256();
+            for (int c = part * 4; c < part * 4 + 4; c++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(grp + c * 32));
+                const __m256i bits = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(grp + Q6K_HIGH + c * 16)));
+                const __m256i w[2] = {
+                    _mm256_or_si256(_mm256_and_si256(v, nibble),
+                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi32(bits, shift_lo), three), 4)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), nibble),
+                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi32(bits, shift_hi), three), 4))};
+                for (int r = 0; r < R; r++) {
+                    int32_t chunk;
+                    memcpy(&chunk, a->q + (long)(r0 + r) * in + g * 32 + c * 4, 4);
+                    const __m256i xb = _mm256_set1_epi32(chunk);
+                    for (int h = 0; h < 2; h++)
+                        S[r][h] = _mm256_add_epi32(S[r][h], _mm256_madd_epi16(_mm256_maddubs_epi16(w[h], xb), ones));
+                }
+            }
+            const int j = g * 2 + part;
+            for (int h = 0; h < 2; h++) {
+                const __m256 scale = _mm256_mul_ps(
+                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(q6k_block(sb, j) + 16 * h))),
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q6k_sc(sb, j) + 8 * h)))));
+                for (int r = 0; r < R; r++) {
+                    const int at = (r0 + r) * groups + g;
+                    const __m256i q = _mm256_sub_epi32(S[r][h], _mm256_set1_epi32(32 * a->half_sum[2 * at + part]));
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(a->d[at])), _mm256_cvtepi32_ps(q),
+                                                acc[r][h]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        _mm256_storeu_ps(y + (long)(r0 + r) * out + (long)nb * 16, acc[r][0]);
+        _mm256_storeu_ps(y + (long)(r0 + r) * out + (long)nb * 16 + 8, acc[r][1]);
+    }
+}
+DEFINE_Q6KQ8_BLOCKS(4)
+#endif
+
 #endif

@@ -247,6 +247,32 @@ static void q8q8_rows(const q8_rows_t *a, const uint8_t *qb, const void *sb, flo
 DEFINE_Q8Q8_BLOCKS(1)
 #endif
 
+/* ---- q6kq8, where no ISA file has it ----------------------------------------------------------- */
+
+#if Q6K_PRODUCTS_GENERIC
+static void q6kq8_rows(const q8_rows_t *a, const uint8_t *qb, const void *sb, float *y, int in, int out, int nb,
+                       int r0, const int R) {
+    const int groups = in / 32;
+    for (int r = r0; r < r0 + R; r++) {
+        float acc[16] = {0};
+        for (int g = 0; g < groups; g++) {
+            const uint8_t *grp = qb + (long)g * Q6K_GROUP_BYTES;
+            const int8_t *xg = a->q + (long)r * in + g * 32;
+            const float dx = a->d[r * groups + g];
+            for (int part = 0; part < 2; part++) { /* q8q8_rows' q6q8, the values read from 6 bits */
+                int32_t S[16] = {0};
+                for (int c = part * 4; c < part * 4 + 4; c++)
+                    for (int o = 0; o < 16; o++)
+                        for (int j = 0; j < 4; j++) S[o] += (q6k_value(grp, c, o, j) - 32) * xg[4 * c + j];
+                for (int o = 0; o < 16; o++) acc[o] = fmaf(q6k_scale(sb, g * 2 + part, o) * dx, (float)S[o], acc[o]);
+            }
+        }
+        memcpy(y + (long)r * out + (long)nb * 16, acc, sizeof acc);
+    }
+}
+DEFINE_Q6KQ8_BLOCKS(1)
+#endif
+
 /* ---- q4_matmul, where AVX512-BF16 is missing -------------------------------------------------- */
 
 #if Q4_BF16_GENERIC
