@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from specdecode import ModelDrafter, PromptLookupDrafter, SamplingParams, autoregressive_decode, speculative_decode
-from specdecode.decode import Decoding
 from specdecode.grammar import Grammar, GrammarError, constraint_for
 from specdecode.lossless import PROMPT, ToyModel, ToyTokenizer, sequence_distribution, whole_sequence_pvalue
 from test_lossless import RandomTreeDrafter

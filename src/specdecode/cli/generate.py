@@ -54,10 +54,10 @@ def early_token(args: argparse.Namespace, out) -> str:
     snapshot an earlier run of the same model and settings saved; the text shown ("" where none)."""
     from rich.text import Text
 
+    from ..detokenize import IncrementalText, stable
     from ..models.native.first_token import greedy, open_snapshot
     from ..prompts import encode_prompt
     from ..render import TARGET
-    from ..detokenize import IncrementalText, stable
 
     place = _snapshot_place(args)
     snapshot = place and open_snapshot(*place)
@@ -132,9 +132,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     import torch
 
+    from ..prompts import encode_prompt
     from ..render import format_summary, no_gain, render_step
     from ..stats import Stats
-    from ..prompts import encode_prompt
     from ..text import generate
 
     params = sampling_params(args)

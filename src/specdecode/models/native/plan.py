@@ -30,9 +30,13 @@ import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...progress import waiting
 from ..files import cache_root
+
+if TYPE_CHECKING:  # annotations only: the plan and the library load without PyTorch (the early first token)
+    import torch
 
 # The C kernels: every csrc/*.c compiled together into one library; csrc/kernels.h is their interface.
 CSRC = Path(__file__).with_name("csrc")
