@@ -117,6 +117,13 @@ INTERNAL void q8_blocks(void *ctx, int nb) {
         p->failed = 1;
 }
 
+/* Q6_K's scales d sc of outputs 8h..8h + 7 for the group of 16 inputs j (common.h's Q6K_BYTES): q6q8's
+ * and q6kq8's */
+static inline __m256 q6k_scales(const void *sb, int j, int h) {
+    return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(q6k_block(sb, j) + 16 * h))),
+                         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q6k_sc(sb, j) + 8 * h)))));
+}
+
 /* ---- 8-bit activations: q4q8, q8q8 on vpmaddubsw (where there is no AVX512-VNNI) ------------- */
 
 #if INT8_PRODUCTS_AVX2
@@ -246,9 +253,7 @@ static inline __attribute__((always_inline)) void q8q8_rows(const q8_rows_t *a, 
             for (int h = 0; h < 2; h++) {
                 const int j = g * parts + part; /* q8q8: float32 scales; q6q8: Q6_K's d and sc (common.h) */
                 __m256 scale = parts == 1 ? _mm256_loadu_ps((const float *)sb + j * 16 + 8 * h)
-                    : _mm256_mul_ps(
-                          _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(q6k_block(sb, j) + 16 * h))),
-                          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q6k_sc(sb, j) + 8 * h)))));
+                    : q6k_scales(sb, j, h);
                 for (int r = 0; r < R; r++) {
                     const int at = (r0 + r) * groups + g;
                     acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(a->d[at])),
@@ -305,9 +310,7 @@ static inline __attribute__((always_inline)) void q6kq8_rows(const q8_rows_t *a,
             }
             const int j = g * 2 + part;
             for (int h = 0; h < 2; h++) {
-                const __m256 scale = _mm256_mul_ps(
-                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(q6k_block(sb, j) + 16 * h))),
-                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q6k_sc(sb, j) + 8 * h)))));
+                const __m256 scale = q6k_scales(sb, j, h);
                 for (int r = 0; r < R; r++) {
                     const int at = (r0 + r) * groups + g;
                     const __m256i q = _mm256_sub_epi32(S[r][h], _mm256_set1_epi32(32 * a->half_sum[2 * at + part]));
