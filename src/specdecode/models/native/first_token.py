@@ -30,6 +30,7 @@ from ..files import cache_root
 from .plan import DecodeModel, kernel_plan
 
 ALIGN = 64
+VERSION = 2  # of the snapshot's layout: part of its key, so that a snapshot of another layout is not found
 # the head products called as product(x, weights, coefficients, y, rows, in, out, threads) on float32 x
 HEAD_KINDS = ("q8", "q8q8", "q6q8", "q6kq8", "q4f", "q4q8", "q5q8", "q40q8", "q4kq8", "q5kq8")
 EMBEDDING_ROWS = ("q8", "q8q8")  # a tied head's layouts whose rows `_embed` reads back
@@ -40,7 +41,7 @@ def key(model_path: Path, settings: dict) -> str:
     loading settings that decide what runs (backend, dtype, threads and context asked for)."""
     plan, _ = kernel_plan()
     stat = model_path.stat()
-    text = (f"{model_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{plan.path}|"
+    text = (f"{VERSION}|{model_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{plan.path}|"
             f"{Path(plan.library).name if plan.library else '-'}|{json.dumps(settings, sort_keys=True)}")
     return f"{model_path.name}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
@@ -59,14 +60,22 @@ def refusal(model) -> str | None:
         return "it has a sliding window, an embedding scale or a logit softcap"
     if getattr(model.head, "kind", None) not in HEAD_KINDS:
         return "its LM head is not a C product on float32 activations"
-    if any(b[n].kind == "stacked" for b in model.blocks for n in ("qkv", "o", "gate_up", "down")
-           if hasattr(b[n], "kind")):
+    if model.kernels.products["stacked"] in model.c_tensors()[1]:
         return "a product stacks parts of different formats (its descriptor holds addresses)"
     table = model.embedding.weight
-    tied = getattr(table, "__self__", None) is model.head and model.head.kind in EMBEDDING_ROWS
-    if not tied and not (hasattr(table, "numpy") and str(table.dtype) == "torch.float32"):
+    if not (_tied(model) and model.head.kind in EMBEDDING_ROWS) and not (
+            hasattr(table, "numpy") and str(table.dtype) == "torch.float32"):
         return "its embedding is neither the tied 8-bit head's rows nor a float32 table"
     return None
+
+
+def _tied(model) -> bool:
+    """Whether the model looks its embeddings up in its head's rows (`Q8Linear.rows`)."""
+    return getattr(model.embedding.weight, "__self__", None) is model.head
+
+
+# decode_layers' shapes (plan.DecodeModel's fields after its three addresses), as the model's C layers hold them
+SHAPES = [name for name, _ in DecodeModel._fields_[3:]]
 
 
 def save(model, directory: Path, choice_file: Path | None = None) -> bool:
@@ -87,14 +96,11 @@ def save(model, directory: Path, choice_file: Path | None = None) -> bool:
     slots = [[add(t) for t in layer] for layer in layers]
     head = model.head
     a, b = (head.q, head.scales) if hasattr(head, "scales") else (head.packed, head.coef)
-    tied = getattr(model.embedding.weight, "__self__", None) is head
     meta = dict(
-        slots=slots, kinds=kinds, layers=model.layers, dim=model.dim, heads=model.heads,
-        kv_heads=model.kv_heads, head_dim=model.head_dim, hidden=model.blocks[0]["gate_up"].out_features // 2,
-        gelu=int(model.gelu), eps=model.eps, scale=model.attention_scale, threads=model.n_threads,
+        slots=slots, kinds=kinds, shapes=[getattr(model.c_layers, name) for name in SHAPES], threads=model.n_threads,
         head_kind=head.kind, head=[add(a), add(b)], vocab=head.out_features, norm=add(model.norm),
         rope=[add(model.cos), add(model.sin)], max_positions=model.max_positions,
-        embedding="tied" if tied else add(model.embedding.weight),
+        embedding="tied" if _tied(model) else add(model.embedding.weight),
         tokenizer=str(model.tokenizer.directory), eos=sorted(model.eos_token_ids),
         choice=None if choice_file is None else [str(choice_file), _digest(choice_file)])
     offsets, size = [], 0
@@ -160,14 +166,13 @@ class Snapshot:
         context or the kernels lack memory."""
         m = self.meta
         _, lib = kernel_plan()
-        T, D, threads = len(ids), m["dim"], m["threads"]
-        if lib is None or not 0 < T <= m["max_positions"]:
+        if lib is None or not 0 < len(ids) <= m["max_positions"]:
             return None
         pointers = np.array([[self._address(i) for i in layer] for layer in m["slots"]], dtype=np.int64)
         kinds = np.array(m["kinds"], dtype=np.int32).reshape(-1, 4)
-        layers = DecodeModel(pointers.ctypes.data, kinds.ctypes.data, None, m["layers"], D, m["heads"],
-                             m["kv_heads"], m["head_dim"], m["hidden"], m["gelu"], m["eps"], m["scale"])
-        keys = np.empty((m["layers"], m["kv_heads"], T, m["head_dim"]), dtype=np.float32)
+        layers = DecodeModel(pointers.ctypes.data, kinds.ctypes.data, None, *m["shapes"])
+        T, D, threads = len(ids), layers.dim, m["threads"]
+        keys = np.empty((layers.layers, layers.kv_heads, T, layers.head_dim), dtype=np.float32)
         values = np.empty_like(keys)
         cos, sin = (self.tensors[i] for i in m["rope"])
         x = self._embed(np.asarray(ids, dtype=np.int64))  # [T, D]
@@ -180,7 +185,7 @@ class Snapshot:
                 return None
         last = np.ascontiguousarray(x[-1:])
         normed = np.empty_like(last)
-        lib.rms_norm_f32(last.ctypes.data, self.tensors[m["norm"]].ctypes.data, normed.ctypes.data, 1, D, m["eps"])
+        lib.rms_norm_f32(last.ctypes.data, self.tensors[m["norm"]].ctypes.data, normed.ctypes.data, 1, D, layers.eps)
         logits = np.empty((1, m["vocab"]), dtype=np.float32)
         q, coefficients = (self.tensors[i] for i in m["head"])
         if getattr(lib, f"{m['head_kind']}_matmul")(normed.ctypes.data, q.ctypes.data, coefficients.ctypes.data,
