@@ -45,14 +45,8 @@ def cli(*args) -> SimpleNamespace:
 
 
 def run_cli(capsys, *args) -> tuple[int, str, str]:
-    """`specdecode ARGS` in this process (no interpreter start-up, no second torch import): the exit
-    code, stdout and stderr, argparse's own errors included."""
-    from specdecode.cli import main
-
+    """`cli` as a tuple (exit code, stdout, stderr; argparse's own errors included), for tests that
+    hold pytest's capture: what was captured before is dropped, as the command's output is its own."""
     capsys.readouterr()
-    try:
-        code = main(list(args))
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    result = cli(*args)
+    return result.returncode, result.stdout, result.stderr
