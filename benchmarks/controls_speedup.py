@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import random
 import sys
 import time
 
@@ -64,12 +65,19 @@ def main() -> None:
     def mean(values):
         return math.exp(sum(map(math.log, values)) / len(values))
 
+    def interval(ratios, draws=4000):
+        """A 95% bootstrap interval of the geometric mean of paired ratios (prompts and rounds resampled)."""
+        rng = random.Random(0)
+        means = sorted(mean(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
+        return means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
+
     rows, gains, runs = [], {}, len(prompts) * args.rounds
     for name in settings:
         plain, spec = mean(speed[(name, False)]), mean(speed[(name, True)])
-        gains[name] = mean([s / p for s, p in zip(speed[(name, True)], speed[(name, False)])])
+        ratios = [s / p for s, p in zip(speed[(name, True)], speed[(name, False)])]
+        gains[name], (low, high) = mean(ratios), interval(ratios)
         same = f"{identical[name]}/{runs}" if settings[name].temperature == 0 else "(sampled)"
-        rows.append(f"| {name} | {plain:.1f} | {spec:.1f} | {gains[name]:.3f}x | {same} |")
+        rows.append(f"| {name} | {plain:.1f} | {spec:.1f} | {gains[name]:.3f}x | {low:.3f}-{high:.3f} | {same} |")
     categories = sorted({c for table in by_category.values() for c in table})
     per_category = [f"| {c} | " + " | ".join(
         f"{mean(by_category[(name, True)][c]) / mean(by_category[(name, False)][c]):.2f}x" for name in settings) + " |"
@@ -81,8 +89,9 @@ def main() -> None:
              f"({args.per_task} a category), {args.rounds} round(s) taking turns, {args.max_new_tokens} tokens, "
              f"{time.strftime('%Y-%m-%d')}.", "",
              "```", "python " + " ".join(sys.argv), "```", "",
-             "| control | plain tok/s | lookup + auto tok/s | speedup (geometric mean of ratios) | greedy output identical |",
-             "|---|---|---|---|---|", *rows, "",
+             "| control | plain tok/s | lookup + auto tok/s | speedup (geometric mean of ratios) | 95% interval "
+             "(bootstrap) | greedy output identical |",
+             "|---|---|---|---|---|---|", *rows, "",
              under, "",
              "Per category, speculation over plain (ratio of geometric means):", "",
              "| category | " + " | ".join(settings) + " |", "|---|" + "---|" * len(settings), *per_category],
