@@ -1,0 +1,132 @@
+"""What speculation adds to each server at one client, per Spec-Bench category, paired per prompt:
+`specdecode serve` with a draft over itself with `--gamma 0`, and llama-server with a
+`--spec-type` over itself without one.
+
+All the servers run at once, idle but one. Every prompt goes to each of them in turn (the order
+rotated prompt by prompt), through the same streamed `openai` client, greedy, so a slower spell of
+a shared machine falls on a prompt's runs alike rather than on one configuration's whole run (as
+a configuration-after-configuration run lets it). A server's gain on a prompt is its plain
+configuration's latency over its speculative one's (the same text: each engine's plain and
+speculative outputs are checked equal); a category's gain is its prompts' tokens over their summed
+latencies, speculative over plain; "all" likewise over every prompt, with a 95% bootstrap interval
+over prompts.
+
+    PYTHON=.venv/bin/python ../shared/tools/llama-cpp-anchor.sh      # builds llama-server (once)
+    .venv/bin/python benchmarks/speculation_gain.py --llama-bin <its folder> --per-category 4 \
+        --out benchmarks/results/speculation_gain.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import openai
+from record import SPEC_BENCH, cpu_model, publish
+from serve_vs_llama_server import free_port, llama_server, one_request, quantize, running
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--llama-bin", required=True, help="the folder holding llama-server")
+    parser.add_argument("--prompts", default=str(SPEC_BENCH))
+    parser.add_argument("--categories", nargs="*", default=None, help="default: every Spec-Bench category")
+    parser.add_argument("--per-category", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--draft", default="lookup", help="`specdecode serve --draft`")
+    parser.add_argument("--spec-type", default="ngram-mod", help="llama-server's --spec-type")
+    parser.add_argument("--format", default="q4_0", help="llama-server's file: q4_1 (shipped) or a requantisation")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--work", default="/tmp/serve_vs_llama_server")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+
+    from specdecode.bench.prompts import load_prompts
+    from specdecode.models.default import default_target_path
+    from specdecode.models.native.plan import kernel_plan
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    shipped = default_target_path()
+    gguf = shipped if args.format == "q4_1" else quantize(shipped, args.format, work / f"smollm2-{args.format}.gguf")
+    prompts = load_prompts(args.prompts, args.categories, args.per_category)
+
+    def ours(*extra):
+        return lambda port: [sys.executable, "-m", "specdecode", "serve", "--port", str(port), "--model-name", "smol",
+                             "--max-batch", "1", *extra]
+
+    def theirs(spec):
+        return lambda port: llama_server(Path(args.llama_bin), gguf, port, args.threads, 1, spec)
+
+    engines = {  # engine -> (plain configuration, speculative configuration): name, command
+        "specdecode serve": ((f"--gamma 0", ours("--gamma", "0")), (f"--draft {args.draft}", ours("--draft", args.draft))),
+        f"llama-server {args.format.upper()}": (("plain", theirs(None)), (f"--spec-type {args.spec_type}",
+                                                                          theirs(args.spec_type))),
+    }
+    configs = [(engine, kind, name, command) for engine, pair in engines.items()
+               for kind, (name, command) in zip(("plain", "spec"), pair)]
+    runs = {(engine, kind): [] for engine, kind, _, _ in configs}  # -> [(tokens, latency, text)] per prompt
+    with ExitStack() as stack:
+        clients = {}
+        for engine, kind, name, command in configs:
+            port = free_port()
+            stack.enter_context(running(command(port), port, work / f"gain-{engine.split()[0]}-{kind}.log"))
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
+            one_request(client, "smol", "Say hello.", 8)  # warm-up, not counted
+            clients[(engine, kind)] = client
+        order = list(clients)
+        for i, prompt in enumerate(prompts):
+            shift = i % len(order)
+            for key in order[shift:] + order[:shift]:
+                r = one_request(clients[key], "smol", prompt.text, args.max_tokens)
+                runs[key].append((r["tokens"], r["latency"], r["text"]))
+            print(f"{i + 1}/{len(prompts)} {prompt.category}", flush=True)
+
+    categories = list(dict.fromkeys(p.category for p in prompts))
+
+    def rate(key, indices):
+        return sum(runs[key][i][0] for i in indices) / sum(runs[key][i][1] for i in indices)
+
+    def gain(engine, indices):
+        return rate((engine, "spec"), indices) / rate((engine, "plain"), indices)
+
+    def interval(engine, draws=4000):
+        rng, n = random.Random(0), len(prompts)
+        values = sorted(gain(engine, rng.choices(range(n), k=n)) for _ in range(draws))
+        return values[int(0.025 * draws)], values[int(0.975 * draws) - 1]
+
+    names = list(engines)
+    lines = [f"Command: `python benchmarks/speculation_gain.py {' '.join(sys.argv[1:])}`", "",
+             f"Host: {cpu_model()}, {args.threads} threads; our kernels: {kernel_plan()[0]}; {len(prompts)} Spec-Bench prompts ({args.per_category} per "
+             f"category), chat template, greedy, max_tokens {args.max_tokens}, streamed through the `openai` client, one "
+             f"at a time; every prompt to each of the four servers in turn (the order rotated by prompt); "
+             f"{time.strftime('%Y-%m-%d')}.", "",
+             "Each server's speculative configuration over its own plain one (tokens over summed latencies; the "
+             "plain configuration's tokens/s in brackets):", "",
+             "| category (prompts) | " + " | ".join(f"{e}: {engines[e][1][0]} over {engines[e][0][0]}" for e in names)
+             + " |", "|---" * (len(names) + 1) + "|"]
+    for category in categories:
+        indices = [i for i, p in enumerate(prompts) if p.category == category]
+        cells = [f"{gain(e, indices):.2f}x ({rate((e, 'plain'), indices):.1f})" for e in names]
+        lines.append(f"| {category} ({len(indices)}) | " + " | ".join(cells) + " |")
+    every = range(len(prompts))
+    cells = []
+    for e in names:
+        low, high = interval(e)
+        cells.append(f"**{gain(e, every):.2f}x** ({rate((e, 'plain'), every):.1f}; 95%: {low:.2f}-{high:.2f})")
+    lines.append("| all | " + " | ".join(cells) + " |")
+    best = max(rate((e, k), every) for e in names[1:] for k in ("plain", "spec"))
+    same = {e: sum(a[2] == b[2] for a, b in zip(runs[(e, "plain")], runs[(e, "spec")])) for e in names}
+    lines += ["", f"{names[0]} {engines[names[0]][1][0]}: {rate((names[0], 'spec'), every):.1f} tokens/s, "
+              f"{rate((names[0], 'spec'), every) / best:.2f}x llama-server's best configuration here ({best:.1f}).",
+              "Speculative text equal to the same server's plain text: "
+              + ", ".join(f"{e} {same[e]}/{len(prompts)}" for e in names) + "."]
+    publish(lines, args.out)
+
+
+if __name__ == "__main__":
+    main()
