@@ -1,5 +1,5 @@
 """What speculation adds to each server at one client, per Spec-Bench category, paired per prompt:
-`specdecode serve` with a draft over itself with `--gamma 0`, and llama-server with a
+`specdecode serve` with each of `--drafts` over itself with `--gamma 0`, and llama-server with a
 `--spec-type` over itself without one.
 
 All the servers run at once, idle but one. Every prompt goes to each of them in turn (the order
@@ -37,7 +37,8 @@ def main() -> None:
     parser.add_argument("--categories", nargs="*", default=None, help="default: every Spec-Bench category")
     parser.add_argument("--per-category", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--draft", default="lookup", help="`specdecode serve --draft`")
+    parser.add_argument("--drafts", nargs="+", default=["lookup"], help="`specdecode serve --draft` of each "
+                        "speculative configuration of ours")
     parser.add_argument("--spec-type", default="ngram-mod", help="llama-server's --spec-type")
     parser.add_argument("--format", default="q4_0", help="llama-server's file: q4_1 (shipped) or a requantisation")
     parser.add_argument("--threads", type=int, default=2)
@@ -62,69 +63,72 @@ def main() -> None:
     def theirs(spec):
         return lambda port: llama_server(Path(args.llama_bin), gguf, port, args.threads, 1, spec)
 
-    engines = {  # engine -> (plain configuration, speculative configuration): name, command
-        "specdecode serve": ((f"--gamma 0", ours("--gamma", "0")), (f"--draft {args.draft}", ours("--draft", args.draft))),
-        f"llama-server {args.format.upper()}": (("plain", theirs(None)), (f"--spec-type {args.spec_type}",
-                                                                          theirs(args.spec_type))),
-    }
-    configs = [(engine, kind, name, command) for engine, pair in engines.items()
-               for kind, (name, command) in zip(("plain", "spec"), pair)]
-    runs = {(engine, kind): [] for engine, kind, _, _ in configs}  # -> [(tokens, latency, text)] per prompt
+    llama = f"llama-server {args.format.upper()}"
+    # every configuration: (name, its engine's plain configuration's name or None, the command on a port)
+    configs = [("specdecode serve --gamma 0", None, ours("--gamma", "0")),
+               *[(f"specdecode serve --draft {d}", "specdecode serve --gamma 0", ours("--draft", d)) for d in args.drafts],
+               (f"{llama} plain", None, theirs(None)),
+               (f"{llama} --spec-type {args.spec_type}", f"{llama} plain", theirs(args.spec_type))]
+    runs = {name: [] for name, _, _ in configs}  # -> [(tokens, latency, text)] per prompt
     with ExitStack() as stack:
         clients = {}
-        for engine, kind, name, command in configs:
+        for i, (name, _, command) in enumerate(configs):
             port = free_port()
-            stack.enter_context(running(command(port), port, work / f"gain-{engine.split()[0]}-{kind}.log"))
+            stack.enter_context(running(command(port), port, work / f"gain-{i}.log"))
             client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
             one_request(client, "smol", "Say hello.", 8)  # warm-up, not counted
-            clients[(engine, kind)] = client
+            clients[name] = client
         order = list(clients)
         for i, prompt in enumerate(prompts):
             shift = i % len(order)
-            for key in order[shift:] + order[:shift]:
-                r = one_request(clients[key], "smol", prompt.text, args.max_tokens)
-                runs[key].append((r["tokens"], r["latency"], r["text"]))
+            for name in order[shift:] + order[:shift]:
+                r = one_request(clients[name], "smol", prompt.text, args.max_tokens)
+                runs[name].append((r["tokens"], r["latency"], r["text"]))
             print(f"{i + 1}/{len(prompts)} {prompt.category}", flush=True)
 
     categories = list(dict.fromkeys(p.category for p in prompts))
 
-    def rate(key, indices):
-        return sum(runs[key][i][0] for i in indices) / sum(runs[key][i][1] for i in indices)
+    def rate(name, indices):
+        return sum(runs[name][i][0] for i in indices) / sum(runs[name][i][1] for i in indices)
 
-    def gain(engine, indices):
-        return rate((engine, "spec"), indices) / rate((engine, "plain"), indices)
+    def gain(name, plain, indices):
+        return rate(name, indices) / rate(plain, indices)
 
-    def interval(engine, draws=4000):
+    def interval(name, plain, draws=4000):
         rng, n = random.Random(0), len(prompts)
-        values = sorted(gain(engine, rng.choices(range(n), k=n)) for _ in range(draws))
+        values = sorted(gain(name, plain, rng.choices(range(n), k=n)) for _ in range(draws))
         return values[int(0.025 * draws)], values[int(0.975 * draws) - 1]
 
-    names = list(engines)
+    speculative = [(name, plain) for name, plain, _ in configs if plain is not None]
+    plains = [name for name, plain, _ in configs if plain is None]
+    every = range(len(prompts))
     lines = [f"Command: `python benchmarks/speculation_gain.py {' '.join(sys.argv[1:])}`", "",
-             f"Host: {cpu_model()}, {args.threads} threads; our kernels: {kernel_plan()[0]}; {len(prompts)} Spec-Bench prompts ({args.per_category} per "
-             f"category), chat template, greedy, max_tokens {args.max_tokens}, streamed through the `openai` client, one "
-             f"at a time; every prompt to each of the four servers in turn (the order rotated by prompt); "
-             f"{time.strftime('%Y-%m-%d')}.", "",
-             "Each server's speculative configuration over its own plain one (tokens over summed latencies; the "
-             "plain configuration's tokens/s in brackets):", "",
-             "| category (prompts) | " + " | ".join(f"{e}: {engines[e][1][0]} over {engines[e][0][0]}" for e in names)
-             + " |", "|---" * (len(names) + 1) + "|"]
+             f"Host: {cpu_model()}, {args.threads} threads; our kernels: {kernel_plan()[0]}; {len(prompts)} Spec-Bench "
+             f"prompts ({args.per_category} per category), chat template, greedy, max_tokens {args.max_tokens}, streamed "
+             f"through the `openai` client, one at a time; every prompt to each of the {len(configs)} servers in turn "
+             f"(the order rotated by prompt); {time.strftime('%Y-%m-%d')}.", "",
+             "Each speculative configuration over its own server's plain one (tokens over summed latencies), then each "
+             "plain configuration's tokens/s:", "",
+             "| category (prompts) | " + " | ".join(name for name, _ in speculative) + " | "
+             + " | ".join(plains) + " |", "|---" * (len(speculative) + len(plains) + 1) + "|"]
     for category in categories:
         indices = [i for i, p in enumerate(prompts) if p.category == category]
-        cells = [f"{gain(e, indices):.2f}x ({rate((e, 'plain'), indices):.1f})" for e in names]
+        cells = [f"{gain(name, plain, indices):.2f}x" for name, plain in speculative]
+        cells += [f"{rate(name, indices):.1f}" for name in plains]
         lines.append(f"| {category} ({len(indices)}) | " + " | ".join(cells) + " |")
-    every = range(len(prompts))
     cells = []
-    for e in names:
-        low, high = interval(e)
-        cells.append(f"**{gain(e, every):.2f}x** ({rate((e, 'plain'), every):.1f}; 95%: {low:.2f}-{high:.2f})")
+    for name, plain in speculative:
+        low, high = interval(name, plain)
+        cells.append(f"**{gain(name, plain, every):.2f}x** (95%: {low:.2f}-{high:.2f})")
+    cells += [f"{rate(name, every):.1f}" for name in plains]
     lines.append("| all | " + " | ".join(cells) + " |")
-    best = max(rate((e, k), every) for e in names[1:] for k in ("plain", "spec"))
-    same = {e: sum(a[2] == b[2] for a, b in zip(runs[(e, "plain")], runs[(e, "spec")])) for e in names}
-    lines += ["", f"{names[0]} {engines[names[0]][1][0]}: {rate((names[0], 'spec'), every):.1f} tokens/s, "
-              f"{rate((names[0], 'spec'), every) / best:.2f}x llama-server's best configuration here ({best:.1f}).",
+    best = max(rate(name, every) for name, _, _ in configs if name.startswith(llama))
+    same = {name: sum(a[2] == b[2] for a, b in zip(runs[plain], runs[name])) for name, plain in speculative}
+    lines += ["", "Tokens/s over every prompt: " + ", ".join(
+                  f"{name} {rate(name, every):.1f} ({rate(name, every) / best:.2f}x llama-server's best configuration)"
+                  for name, _, _ in configs if not name.startswith(llama)) + ".",
               "Speculative text equal to the same server's plain text: "
-              + ", ".join(f"{e} {same[e]}/{len(prompts)}" for e in names) + "."]
+              + ", ".join(f"{name} {same[name]}/{len(prompts)}" for name, _ in speculative) + "."]
     publish(lines, args.out)
 
 
