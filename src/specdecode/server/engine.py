@@ -78,10 +78,11 @@ class Engine:
                 model = load_draft_model(spec.model_path, target, **load_options)
             if (kind := built_in(spec.spec)) is not None and kind.memory is not None:
                 memory = kind.memory(target, max_gamma)  # earlier outputs, an n-gram pool: shared by its requests
-            # p_min: a request's own confidence below which a draft model stops (llama-server's speculative.p_min)
-            self._factories[name] = (lambda p_min=None, spec=spec, model=model, memory=memory:
+            # p_min: a request's own confidence below which a draft model stops (llama-server's speculative.p_min);
+            # alone: the drafter keeps a memory of its own instead of the one the draft's requests share
+            self._factories[name] = (lambda p_min=None, alone=False, spec=spec, model=model, memory=memory:
                                      make_drafter(spec if p_min is None else replace(spec, min_confidence=p_min),
-                                                  target, draft_model=model, memory=memory))
+                                                  target, draft_model=model, memory=None if alone else memory))
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self._admitted = 0  # waiting + decoding
@@ -154,7 +155,10 @@ class Engine:
             settings = request.settings
             if request.echo and settings.logprobs is not None:
                 job.prompt_logprobs = self._prompt_logprobs(job.prompt_ids, settings.logprobs)
-            drafter = self._factories[request.draft or self.default_draft](p_min=request.p_min)
+            # A seeded sampled request drafts from itself alone: its text then depends on its prompt and
+            # seed, not on what other requests left in a shared memory (greedy text never depends on drafts)
+            alone = settings.seed is not None and settings.params.temperature > 0
+            drafter = self._factories[request.draft or self.default_draft](p_min=request.p_min, alone=alone)
             if settings.gamma is None:
                 settings = replace(settings, gamma=self.gamma)  # the server's --gamma
             r = self._batch.submit(job.prompt_ids, drafter, settings, stats=job.stats)
