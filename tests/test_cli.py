@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from conftest import cli, run_cli
+from specdecode import defaults
 from realmodel import COPY_PROMPT
 
 QUESTION = "What is the capital of France?"
@@ -49,7 +50,7 @@ def test_generate_json_on_the_default_model():
     assert result.returncode == 0, result.stderr
     record = json.loads(result.stdout)
     assert "Paris" in record["text"]
-    assert record["mode"] == "speculative" and record["draft"] == "lookup"
+    assert record["mode"] == "speculative" and record["draft"] == defaults.DRAFT
     assert record["new_tokens"] == len(record["tokens"]) and record["finish_reason"] == "eos"
     assert record["target_calls"] <= record["new_tokens"]
     assert record["tokens_per_call"] == pytest.approx(record["new_tokens"] / record["target_calls"])

@@ -121,7 +121,9 @@ SETTINGS = {"temperature": 0, "seed": 7, "max_tokens": 32, "specdecode": {"gamma
 def server():
     from test_server import _start_server, _stop
 
-    base, process = _start_server("--model-name", "smol", "--api-key", KEY, "--max-tokens", "64", "--max-batch", "2")
+    # a drafter without a shared memory: the page's request and the API's same request then draft alike
+    base, process = _start_server("--model-name", "smol", "--api-key", KEY, "--max-tokens", "64", "--max-batch", "2",
+                                  "--draft", "lookup")
     yield base
     _stop(process)
 

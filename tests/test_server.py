@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from conftest import cli as in_process
+from specdecode import defaults
 
 openai = pytest.importorskip("openai")
 
@@ -101,7 +102,7 @@ def test_chat_greedy_equals_the_cli_and_carries_consistent_statistics(client):
     assert sum(spec["accepted_per_position"]) == spec["accepted_tokens"]
     # every target call adds its accepted drafts plus one token of its own (unless an EOS cut the last)
     assert 0 <= spec["target_calls"] - (usage.completion_tokens - spec["accepted_tokens"]) <= 1
-    assert spec["draft"] == "lookup" and spec["gamma"] == "auto"  # the server's default
+    assert spec["draft"] == defaults.DRAFT and spec["gamma"] == "auto"  # the server's default
 
 
 def test_streamed_chat_and_completions_match_the_unstreamed_text(client):
@@ -235,7 +236,7 @@ def test_models_health_and_metrics(server, client):
     assert [m.id for m in client.models.list()] == [MODEL]
     with urllib.request.urlopen(server[0] + "/health") as response:
         health = json.load(response)
-    assert health["status"] == "ok" and health["drafts"] == ["lookup", "trained"]
+    assert health["status"] == "ok" and health["drafts"] == [defaults.DRAFT, "trained"]
     assert post(server[0], "/v1/chat/completions", chat(temperature=-1))[0] == 400  # counted below
     # an answer that copies its prompt, at a fixed gamma: speculation must run and be accepted whatever ran
     # before this test and whatever the cost model would make of this host's timings
@@ -418,7 +419,7 @@ def test_a_stream_carries_usage_only_when_asked_in_a_last_chunk_without_choices(
 
 
 def test_accepted_per_position_has_an_entry_per_draft_position_and_the_rates_agree(client):
-    def spec(gamma, draft="lookup"):
+    def spec(gamma, draft=defaults.DRAFT):
         return client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": QUESTION}], temperature=0, max_tokens=8,
             extra_body={"specdecode": {"gamma": gamma, "draft": draft}}).usage.model_extra["speculative"]

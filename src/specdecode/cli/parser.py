@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from .. import defaults
-from ..drafters.spec import LOOKUP, help_text
+from ..drafters.spec import help_text
 
 
 def gamma_arg(value: str):
@@ -25,8 +25,8 @@ def _model_options(with_draft: bool = True) -> argparse.ArgumentParser:
     common.add_argument("--target", help="target model: a .gguf file or a transformers directory "
                         "(default: the embedded SmolLM2-135M-Instruct)")
     if with_draft:
-        common.add_argument("--draft", default=LOOKUP, metavar="SPEC",
-                            help=f"the drafter (default: {LOOKUP}). {help_text()}")
+        common.add_argument("--draft", default=defaults.DRAFT, metavar="SPEC",
+                            help=f"the drafter (default: {defaults.DRAFT}). {help_text()}")
     common.add_argument("--backend", default="auto", choices=["auto", "hf", "llama.cpp", "native"],
                         help="native: specdecode's own PyTorch Llama (static KV cache, 4-bit or bf16 products, "
                              "C kernels); hf: transformers; llama.cpp: llama-cpp-python on a .gguf file; auto "

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Callable
 
+from .. import defaults
+
 if TYPE_CHECKING:  # the command line's parser reads this module's names without importing torch
     from ..models.base import Model
 
@@ -120,10 +122,9 @@ class Kind:
 
 
 KINDS: tuple[Kind, ...] = (
-    Kind(LOOKUP, "prompt lookup: copies what followed the latest match of the context's last tokens "
-         "(the default)", _lookup),
+    Kind(LOOKUP, "prompt lookup: copies what followed the latest match of the context's last tokens", _lookup),
     Kind(AUTO, "the model-free source that prices best under the target's measured speed before each "
-         "call: prompt lookup, the shared n-gram pool, or lookup continued by the pool", _auto, _auto_memory),
+         "call: prompt lookup or the shared n-gram pool (the default)", _auto, _auto_memory),
     Kind(POOL, "the n-gram pool every request feeds and drafts from: long chains where earlier requests "
          "or this one repeat (llama.cpp's ngram-mod family)", _pool, _pool_memory),
     Kind(SUFFIX, "suffix drafting: the most frequent continuation of the longest earlier match, in the "
@@ -221,7 +222,7 @@ def build_user_drafter(spec: str, target: Model):
 class DraftSpec:
     """How to build a drafter; a draft model loads with the target's settings unless `backend` says otherwise."""
 
-    spec: str = LOOKUP
+    spec: str = defaults.DRAFT
     backend: str | None = None  # the draft model's backend (default: the target's)
     min_confidence: float = 0.0  # a model drafter stops proposing below this top probability
 

@@ -15,7 +15,7 @@ from typing import NamedTuple
 from fastapi import FastAPI
 
 from .. import defaults
-from ..drafters.spec import LOOKUP, DraftSpec
+from ..drafters.spec import DraftSpec
 from ..checks import check_gamma, check_positive_settings, check_queue_size
 from .app import create_app
 from .engine import Engine
@@ -43,7 +43,7 @@ class ServeOptions:
     # The native backend's kernel path. The backend reads it from $SPECDECODE_KERNELS, for the whole
     # process: the process's entry point sets it (the command line, each Ray replica), not build_app.
     kernels: str | None = None
-    draft: str = LOOKUP  # the drafter a request gets unless it names another
+    draft: str = defaults.DRAFT  # the drafter a request gets unless it names another
     also_drafts: tuple[str, ...] = ()  # the others a request may pick with specdecode.draft
     draft_backend: str | None = None
     gamma: int | str = "auto"
