@@ -180,6 +180,15 @@ def quantize(source: Path, kind: str, out: Path) -> Path:
     return out
 
 
+def llama_file(kind: str, work: Path) -> Path:
+    """llama-server's file: the shipped Q4_1, or the embedded model requantised to `kind` (once, in `work`)."""
+    from specdecode.models.default import default_target_path
+
+    work.mkdir(parents=True, exist_ok=True)
+    shipped = default_target_path()
+    return shipped if kind == "q4_1" else quantize(shipped, kind, work / f"smollm2-{kind}.gguf")
+
+
 def llama_server(binary: Path, model: Path, port: int, threads: int, slots: int, spec: str | None) -> list[str]:
     """llama-server's command line: `slots` parallel sequences with 4,096 positions each, no web page,
     plain or with a `--spec-type`."""
@@ -214,15 +223,11 @@ def main() -> int:
     args = parser.parse_args()
 
     from specdecode.bench.prompts import load_prompts
-    from specdecode.models.default import default_target_path
 
     work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    shipped = default_target_path()
     chosen = load_prompts(args.prompts, CATEGORIES, args.per_category)
     prompts = [p.text for p in chosen]
-    files = {kind: shipped if kind == "q4_1" else quantize(shipped, kind, work / f"smollm2-{kind}.gguf")
-             for kind in args.formats}
+    files = {kind: llama_file(kind, work) for kind in args.formats}
     rows, texts = [], {}
     categories = [p.category for p in chosen]
     curve = None

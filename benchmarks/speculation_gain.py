@@ -27,7 +27,7 @@ from pathlib import Path
 
 import openai
 from record import SPEC_BENCH, cpu_model, publish
-from serve_vs_llama_server import free_port, llama_server, one_request, quantize, running
+from serve_vs_llama_server import free_port, llama_file, llama_server, one_request, running
 
 
 def main() -> None:
@@ -47,13 +47,10 @@ def main() -> None:
     args = parser.parse_args()
 
     from specdecode.bench.prompts import load_prompts
-    from specdecode.models.default import default_target_path
     from specdecode.models.native.plan import kernel_plan
 
     work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    shipped = default_target_path()
-    gguf = shipped if args.format == "q4_1" else quantize(shipped, args.format, work / f"smollm2-{args.format}.gguf")
+    gguf = llama_file(args.format, work)
     prompts = load_prompts(args.prompts, args.categories, args.per_category)
 
     def ours(*extra):

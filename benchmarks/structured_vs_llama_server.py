@@ -21,7 +21,7 @@ from pathlib import Path
 import openai
 
 from record import cpu_model, publish
-from serve_vs_llama_server import free_port, llama_server, quantize, running
+from serve_vs_llama_server import free_port, llama_file, llama_server, running
 from structured import CASES, valid
 
 
@@ -61,11 +61,8 @@ def main() -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
-    from specdecode.models.default import default_target_path
-
     work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    q4_0 = quantize(default_target_path(), "q4_0", work / "smollm2-q4_0.gguf")
+    q4_0 = llama_file("q4_0", work)
     top, rows = max(args.clients), []
 
     def record(name: str, base: str, clients: list[int], extra: dict | None = None) -> None:
