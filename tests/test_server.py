@@ -236,7 +236,7 @@ def test_models_health_and_metrics(server, client):
     assert [m.id for m in client.models.list()] == [MODEL]
     with urllib.request.urlopen(server[0] + "/health") as response:
         health = json.load(response)
-    assert health["status"] == "ok" and health["drafts"] == [defaults.DRAFT, "trained"]
+    assert health["status"] == "ok" and health["drafts"] == [defaults.DRAFT, "trained", "lookup"]
     assert post(server[0], "/v1/chat/completions", chat(temperature=-1))[0] == 400  # counted below
     # an answer that copies its prompt, at a fixed gamma: speculation must run and be accepted whatever ran
     # before this test and whatever the cost model would make of this host's timings

@@ -15,7 +15,7 @@ from typing import NamedTuple
 from fastapi import FastAPI
 
 from .. import defaults
-from ..drafters.spec import DraftSpec
+from ..drafters.spec import LOOKUP, DraftSpec
 from ..checks import check_gamma, check_positive_settings, check_queue_size
 from .app import create_app
 from .engine import Engine
@@ -75,8 +75,9 @@ class ServeOptions:
             raise ValueError("--model-name must not be empty")
 
     def drafts(self) -> dict[str, str]:
-        """The drafters requests may pick (spec -> spec), the default first; each spec checked."""
-        drafts = {spec: spec for spec in [self.draft, *self.also_drafts]}
+        """The drafters requests may pick (spec -> spec), the default first; each spec checked. Prompt
+        lookup is always among them: it holds nothing, and clients name it."""
+        drafts = {spec: spec for spec in [self.draft, *self.also_drafts, LOOKUP]}
         for spec in drafts:
             DraftSpec(spec)
         return drafts

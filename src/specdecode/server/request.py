@@ -4,7 +4,7 @@ under the `specdecode` extension object.
     {"model": ..., "messages": [...] | "prompt": "...", "max_tokens": 64, "temperature": 0,
      "top_p": 1, "stop": ["\\n\\n"], "seed": 1, "stream": true, "n": 1,
      "response_format": {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}},
-     "specdecode": {"draft": "lookup", "gamma": 4 | "auto", "top_k": 0, "lenience": 1.0,
+     "specdecode": {"draft": "auto", "gamma": 4 | "auto", "top_k": 0, "lenience": 1.0,
                     "grammar": "<a Lark grammar>" | "regex": "<a pattern>", "trace": true},
      "speculative": {"n_max": 16, "n_min": 0, "p_min": 0.75}}
 
