@@ -86,6 +86,11 @@ def _auto_memory(target: Model, max_gamma: int):
     return _pool_memory(target, max_gamma), as_policy(MEASURED, target, max_gamma)
 
 
+def _auto_alone(memory):
+    """A request drafting from itself alone: a pool of its own, the shared curve (read only) to price by."""
+    return None, memory[1]
+
+
 def _ngram(argument: str, target: Model, memory):
     from .ngram import NgramDrafter
 
@@ -104,12 +109,15 @@ class Kind:
     memory:  (target, max_gamma) -> what every request of one server draft shares (earlier
              outputs, an n-gram pool); None for a drafter that remembers nothing between requests.
              `build` gets None in its place when a drafter keeps its own memory (library, CLI).
+    alone:   (the shared memory) -> what `build` gets for a request that must draft from itself alone
+             (none of what other requests left); None: None, a memory of its own.
     """
 
     usage: str
     summary: str
     build: Callable[[str, Model, Any], Any] | None = None
     memory: Callable[[Model, int], Any] | None = None
+    alone: Callable[[Any], Any] | None = None
 
     @property
     def prefix(self) -> str | None:
@@ -124,7 +132,7 @@ class Kind:
 KINDS: tuple[Kind, ...] = (
     Kind(LOOKUP, "prompt lookup: copies what followed the latest match of the context's last tokens", _lookup),
     Kind(AUTO, "the model-free source that prices best under the target's measured speed before each "
-         "call: prompt lookup or the shared n-gram pool (the default)", _auto, _auto_memory),
+         "call: prompt lookup or the shared n-gram pool (the default)", _auto, _auto_memory, _auto_alone),
     Kind(POOL, "the n-gram pool every request feeds and drafts from: long chains where earlier requests "
          "or this one repeat (llama.cpp's ngram-mod family)", _pool, _pool_memory),
     Kind(SUFFIX, "suffix drafting: the most frequent continuation of the longest earlier match, in the "

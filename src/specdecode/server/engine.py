@@ -73,16 +73,17 @@ class Engine:
         self._factories = {}
         for name, spec in drafts.items():  # draft models load now, once; drafters are made per request
             spec = DraftSpec(spec)
-            model = memory = None
+            model = memory = own = None
             if spec.model_path is not None:
                 model = load_draft_model(spec.model_path, target, **load_options)
             if (kind := built_in(spec.spec)) is not None and kind.memory is not None:
                 memory = kind.memory(target, max_gamma)  # earlier outputs, an n-gram pool: shared by its requests
+                own = kind.alone(memory) if kind.alone is not None else None  # what a request alone gets instead
             # p_min: a request's own confidence below which a draft model stops (llama-server's speculative.p_min);
-            # alone: the drafter keeps a memory of its own instead of the one the draft's requests share
-            self._factories[name] = (lambda p_min=None, alone=False, spec=spec, model=model, memory=memory:
+            # alone: the drafter reads nothing other requests left (`Kind.alone`)
+            self._factories[name] = (lambda p_min=None, alone=False, spec=spec, model=model, memory=memory, own=own:
                                      make_drafter(spec if p_min is None else replace(spec, min_confidence=p_min),
-                                                  target, draft_model=model, memory=None if alone else memory))
+                                                  target, draft_model=model, memory=own if alone else memory))
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self._admitted = 0  # waiting + decoding
