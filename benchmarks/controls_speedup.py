@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import random
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from record import SPEC_BENCH, cpu_model, publish  # noqa: E402
+from record import SPEC_BENCH, bootstrap_interval, cpu_model, publish  # noqa: E402
 
 
 def main() -> None:
@@ -65,17 +64,12 @@ def main() -> None:
     def mean(values):
         return math.exp(sum(map(math.log, values)) / len(values))
 
-    def interval(ratios, draws=4000):
-        """A 95% bootstrap interval of the geometric mean of paired ratios (prompts and rounds resampled)."""
-        rng = random.Random(0)
-        means = sorted(mean(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
-        return means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
-
     rows, gains, runs = [], {}, len(prompts) * args.rounds
     for name in settings:
         plain, spec = mean(speed[(name, False)]), mean(speed[(name, True)])
         ratios = [s / p for s, p in zip(speed[(name, True)], speed[(name, False)])]
-        gains[name], (low, high) = mean(ratios), interval(ratios)
+        gains[name] = mean(ratios)
+        low, high = bootstrap_interval(lambda ix: mean([ratios[i] for i in ix]), len(ratios))
         same = f"{identical[name]}/{runs}" if settings[name].temperature == 0 else "(sampled)"
         rows.append(f"| {name} | {plain:.1f} | {spec:.1f} | {gains[name]:.3f}x | {low:.3f}-{high:.3f} | {same} |")
     categories = sorted({c for table in by_category.values() for c in table})

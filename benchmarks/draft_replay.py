@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from specdecode.formulas import verify_curve
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record import SPEC_BENCH, cpu_model, publish  # noqa: E402
 
@@ -55,6 +57,7 @@ class ReplayTarget:
         self.size = real.vocab.size
         self.record, self.prompt_length, self.prefill_seconds = record, prompt_length, prefill_seconds
         self.profile, self.clock = profile, clock
+        self.curve = verify_curve(profile.verify_ratios)  # T(k)/T(1), extended past the measured k as the policy's
 
     def new_cache(self):
         from specdecode.lossless import ToyCache
@@ -64,9 +67,7 @@ class ReplayTarget:
     def cost(self, rows: int, cached: int) -> float:
         """Seconds of a forward over `rows` new rows after `cached` positions: the profile's T(k)."""
         p = self.profile
-        ratios = p.verify_ratios
-        ratio = ratios[rows] if rows < len(ratios) else ratios[-1] * rows / (len(ratios) - 1)
-        return p.step_seconds * ratio + rows * p.row_position_seconds * max(0, cached - p.context)
+        return p.step_seconds * self.curve(rows) + rows * p.row_position_seconds * max(0, cached - p.context)
 
     def forward(self, tokens: torch.Tensor, cache, num_logits: int | None = None) -> torch.Tensor:
         began = time.perf_counter()
@@ -135,7 +136,7 @@ class Oracle:
                 n += 1
             return tokens[:n]
 
-        copied = self.lookup.match(context, gamma, extend=16)[1]
+        copied = self.lookup.match(context, gamma)[1]
         proposals = [copied]
         if self.pool is not None:
             proposals.append(self.pool.candidate(context, gamma)[0])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import random
 from pathlib import Path
 
 # the Spec-Bench prompt set (480 prompts in 13 categories), beside this checkout
@@ -26,3 +27,11 @@ def cpu_model() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or "unknown CPU"
+
+
+def bootstrap_interval(statistic, n: int, draws: int = 4000) -> tuple[float, float]:
+    """A 95% bootstrap interval of `statistic(indices)` over n paired samples (prompts, rounds),
+    resampled with replacement, seeded: the same samples give the same interval."""
+    rng = random.Random(0)
+    values = sorted(statistic(rng.choices(range(n), k=n)) for _ in range(draws))
+    return values[int(0.025 * draws)], values[int(0.975 * draws) - 1]

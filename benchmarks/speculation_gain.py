@@ -19,14 +19,13 @@ over prompts.
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
 
 import openai
-from record import SPEC_BENCH, cpu_model, publish
+from record import SPEC_BENCH, bootstrap_interval, cpu_model, publish
 from serve_vs_llama_server import free_port, llama_file, llama_server, one_request, running
 
 
@@ -91,11 +90,6 @@ def main() -> None:
     def gain(name, plain, indices):
         return rate(name, indices) / rate(plain, indices)
 
-    def interval(name, plain, draws=4000):
-        rng, n = random.Random(0), len(prompts)
-        values = sorted(gain(name, plain, rng.choices(range(n), k=n)) for _ in range(draws))
-        return values[int(0.025 * draws)], values[int(0.975 * draws) - 1]
-
     speculative = [(name, plain) for name, plain, _ in configs if plain is not None]
     plains = [name for name, plain, _ in configs if plain is None]
     every = range(len(prompts))
@@ -115,7 +109,7 @@ def main() -> None:
         lines.append(f"| {category} ({len(indices)}) | " + " | ".join(cells) + " |")
     cells = []
     for name, plain in speculative:
-        low, high = interval(name, plain)
+        low, high = bootstrap_interval(lambda ix: gain(name, plain, ix), len(prompts))
         cells.append(f"**{gain(name, plain, every):.2f}x** (95%: {low:.2f}-{high:.2f})")
     cells += [f"{rate(name, every):.1f}" for name in plains]
     lines.append("| all | " + " | ".join(cells) + " |")
