@@ -208,12 +208,11 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     for name in ("rope_store_f32", "rope_store_bf16"):
         getattr(lib, name).restype = None
         getattr(lib, name).argtypes = [p] * 6 + [i32] * 4 + [ctypes.c_long, i32]
-    for name in ("q8_matmul", "q8q8_matmul", "q6q8_matmul", "q6kq8_matmul"):
+    for name in ("q8_matmul", "q8q8_matmul", "q6q8_matmul", "q6kq8_matmul", "q4_matmul", "q4f_matmul",
+                 "q4q8_matmul", "q5q8_matmul", "q40q8_matmul", "q4kq8_matmul",
+                 "q5kq8_matmul"):  # (x, q, coef, y, rows, in, out, threads) -> status
         getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, [p] * 4 + [i32] * 4
     lib.f32_matmul.restype, lib.f32_matmul.argtypes = None, [p] * 3 + [i32] * 4
-    for name in ("q4_matmul", "q4f_matmul", "q4q8_matmul", "q5q8_matmul", "q40q8_matmul", "q4kq8_matmul",
-                 "q5kq8_matmul"):
-        getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, [p] * 4 + [i32] * 4
     for name in ("q4_available", "q4q8_vector", "q6kq8_vector", "kernels_pool_workers"):
         getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, []
     for name in ("product_kinds", "layer_slots"):
