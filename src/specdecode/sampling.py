@@ -9,9 +9,11 @@ they are compared, which is what `SamplingParams.probs` is for.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 
@@ -28,8 +30,11 @@ class SamplingParams:
     logit_bias: (token id, bias) pairs added to the logits (OpenAI's; -100 bans a token in practice).
     presence_penalty, frequency_penalty: OpenAI's: a token's logit less presence_penalty if it
         appeared in the output so far, and less frequency_penalty times how often.
-    repetition_penalty: vLLM's and llama.cpp's (`repeat_penalty`): a token that appeared in the
-        prompt or the output has its logit divided by it where positive, multiplied where negative.
+    repetition_penalty: vLLM's and llama.cpp's (`repeat_penalty`): a token among the tokens it reads
+        has its logit divided by it where positive, multiplied where negative.
+    repeat_last_n: which tokens the repetition penalty reads: -1 the prompt and the whole output
+        (vLLM's `repetition_penalty`), n > 0 the last n tokens of prompt and output together
+        (llama.cpp's `repeat_last_n`, 64 by default there), 0 none.
 
     The last four depend on the tokens before each position (`adjust`): the decode loop applies them
     to each verified position with the history its own prefix implies, drafted tokens before it
@@ -45,6 +50,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    repeat_last_n: int = -1
 
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature):
@@ -64,6 +70,8 @@ class SamplingParams:
         if (isinstance(self.repetition_penalty, bool) or not isinstance(self.repetition_penalty, (int, float))
                 or not 0.0 < self.repetition_penalty <= 10.0):
             raise ValueError(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty!r}")
+        if isinstance(self.repeat_last_n, bool) or not isinstance(self.repeat_last_n, int) or self.repeat_last_n < -1:
+            raise ValueError(f"repeat_last_n must be an integer >= -1 (-1 = the whole context), got {self.repeat_last_n!r}")
         bias = tuple(sorted((int(t), float(b)) for t, b in dict(self.logit_bias).items()))
         if any(t < 0 or not -100.0 <= b <= 100.0 for t, b in bias):
             raise ValueError("logit_bias maps token ids >= 0 to biases in [-100, 100]")
@@ -79,26 +87,28 @@ class SamplingParams:
 
     def adjust(self, logits: torch.Tensor, prompt: Sequence[int], outputs: Sequence[Sequence[int]]) -> torch.Tensor:
         """Row i of logits [k, V] under the controls that depend on what came before it: logit_bias,
-        then the repetition penalty over `prompt` and outputs[i], then the presence and frequency
+        then the repetition penalty over `prompt` and outputs[i] (their last `repeat_last_n` tokens where
+        that is set), then the presence and frequency
         penalties over outputs[i] (the tokens generated before row i's position) -> float32 [k, V].
         (`History` keeps the same counts as tokens are emitted, for the decode loop.)"""
         history = History(self, prompt, logits.shape[-1])
         return history.adjust(logits, list(outputs))
 
-    def penalise(self, logits: torch.Tensor, in_prompt: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """The penalties on logits [k, n] of n tokens, given which of them the prompt holds (in_prompt
-        [n] bool) and how often each row's output holds them (counts [k, n] float32) -> float32 [k, n].
-        Each token's penalty reads only its own column, so any subset of the vocabulary can be passed."""
-        out = logits.float()
+    def penalise(self, logits: np.ndarray, seen: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """The penalties on logits [k, n] of n tokens, given which of them the repetition penalty reads
+        for each row (seen [k, n] bool) and how often each row's output holds them (counts [k, n]),
+        all numpy -> float32 [k, n]. Each token's penalty reads only its own column, so any subset of
+        the vocabulary can be passed."""
+        out = logits.astype(np.float32)
         if self.repetition_penalty != 1:
-            seen = in_prompt | (counts > 0)  # [k, n]
-            divided = (out / self.repetition_penalty).clamp(max=torch.finfo(torch.float32).max)  # a tiny penalty
-            out = torch.where(seen, torch.where(out > 0, divided, out * self.repetition_penalty), out)
+            with np.errstate(over="ignore"):  # a tiny penalty: clamped to float32's largest below
+                divided = np.minimum(out / np.float32(self.repetition_penalty), np.finfo(np.float32).max)
+                out = np.where(seen, np.where(out > 0, divided, out * np.float32(self.repetition_penalty)), out)
         if self.frequency_penalty:
-            out = out - self.frequency_penalty * counts
+            out = out - np.float32(self.frequency_penalty) * counts
         if self.presence_penalty:
-            out = out - self.presence_penalty * (counts > 0).float()
-        return out
+            out = out - np.float32(self.presence_penalty) * (counts > 0)
+        return out.astype(np.float32)
 
     @property
     def is_greedy(self) -> bool:
@@ -112,7 +122,7 @@ class SamplingParams:
         top = check_logits(logits)  # [...]: each row's largest logit
         if self.greedy:
             # argmax returns the first maximal index: ties are broken towards the lowest id.
-            return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+            return torch.nn.functional.one_hot(argmax(logits), logits.shape[-1]).float()
         # shifted so the best token sits at 0 before dividing, and a temperature below float32's
         # smallest normal taken as that: a tiny temperature sends the others to -inf (a point mass on
         # the best, uniform over exact ties), never inf - inf or 0 / 0 = NaN
@@ -137,28 +147,47 @@ class SamplingParams:
 
 
 class History:
-    """What the history-dependent controls read, kept as a generation goes: which tokens the prompt
-    holds, how often each token is in the output so far, and which tokens either touched (each [V]).
+    """What the history-dependent controls read, kept as a generation goes: the tokens the prompt or
+    the output touched (the columns), which of them the prompt holds, how often the output holds each,
+    and with a repetition window (`repeat_last_n` > 0) the last tokens of prompt and output.
     A call's rows are scored with these plus the drafted tokens before each row (`adjust`), on the
     touched tokens' columns only: the penalties leave every other logit as it is, so a call costs
-    what the few hundred tokens seen so far cost, not the vocabulary (recounting the whole output over
-    every column cost about a millisecond a token)."""
+    what the few hundred tokens seen so far cost, not the vocabulary. The bookkeeping is numpy and
+    plain Python: a call's few dozen small operations cost microseconds each there, where each torch
+    call's dispatch cost more than the arithmetic."""
 
     def __init__(self, params: SamplingParams, prompt: Sequence[int], vocab_size: int) -> None:
-        self.params = params
-        self.in_prompt = torch.zeros(vocab_size, dtype=torch.bool)  # [V]
-        self.in_prompt[self._ids(prompt)] = True
-        self.counts = torch.zeros(vocab_size)  # [V] float32
-        self.touched = self.in_prompt.clone()  # [V]: in the prompt or the output
+        self.params, self.vocab_size = params, vocab_size
+        ids = self._ids(prompt)
+        self.column: dict[int, int] = {}  # token id -> its column
+        self.columns = np.zeros(0, dtype=np.int64)  # [n]: the touched ids, in column order
+        self.in_prompt = np.zeros(0, dtype=bool)  # [n]
+        self.counts = np.zeros(0, dtype=np.float32)  # [n]: in the output so far
+        self._touch(ids)
+        self.in_prompt[[self.column[t] for t in ids]] = True
+        window = params.repeat_last_n
+        self.recent = deque(ids[-window:], maxlen=window) if window > 0 else None
 
-    def _ids(self, tokens: Sequence[int]) -> torch.Tensor:
-        return torch.tensor([t for t in tokens if 0 <= t < len(self.in_prompt)], dtype=torch.long)
+    def _ids(self, tokens: Sequence[int]) -> list[int]:
+        return [int(t) for t in tokens if 0 <= t < self.vocab_size]
+
+    def _touch(self, ids: Sequence[int]) -> None:
+        """Columns for the ids not seen before."""
+        new = [t for t in dict.fromkeys(ids) if t not in self.column]
+        if new:
+            self.column.update((t, len(self.columns) + j) for j, t in enumerate(new))
+            self.columns = np.concatenate([self.columns, np.array(new, dtype=np.int64)])
+            self.in_prompt = np.concatenate([self.in_prompt, np.zeros(len(new), dtype=bool)])
+            self.counts = np.concatenate([self.counts, np.zeros(len(new), dtype=np.float32)])
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Tokens emitted into the output."""
         ids = self._ids(tokens)
-        self.counts.index_add_(0, ids, torch.ones(len(ids)))
-        self.touched[ids] = True
+        self._touch(ids)
+        for t in ids:
+            self.counts[self.column[t]] += 1
+        if self.recent is not None:
+            self.recent.extend(ids)
 
     def adjust(self, logits: torch.Tensor, extra: Sequence[Sequence[int]]) -> torch.Tensor:
         """logits [k, V], row i after the output so far and then the tokens extra[i] -> float32 [k, V]."""
@@ -170,13 +199,24 @@ class History:
         if params.repetition_penalty == 1 and not params.presence_penalty and not params.frequency_penalty:
             return out
         drafted = [self._ids(tokens) for tokens in extra]
-        columns = torch.unique(torch.cat([self.touched.nonzero().squeeze(1), *drafted]))  # [n], sorted
-        counts = self.counts[columns].expand(out.shape[0], -1).clone()  # [k, n]
+        self._touch([t for ids in drafted for t in ids])  # a drafted token the context never held
+        column, k = self.column, out.shape[0]
+        counts = np.repeat(self.counts[None], k, axis=0)  # [k, n]
         for i, ids in enumerate(drafted):
-            if len(ids):
-                counts[i].index_add_(0, torch.searchsorted(columns, ids), torch.ones(len(ids)))
-        out[:, columns] = params.penalise(out[:, columns], self.in_prompt[columns], counts)
-        return out
+            for t in ids:
+                counts[i, column[t]] += 1
+        window = params.repeat_last_n
+        if window < 0:
+            seen = self.in_prompt | (counts > 0)  # [k, n]
+        else:
+            seen = np.zeros(counts.shape, dtype=bool)
+            if window:
+                recent = list(self.recent)
+                for i, ids in enumerate(drafted):
+                    seen[i, [column[t] for t in (recent + ids)[-window:]]] = True
+        index = torch.from_numpy(self.columns).to(out.device)
+        block = out.index_select(1, index).cpu().numpy()  # [k, n]
+        return out.index_copy_(1, index, torch.from_numpy(params.penalise(block, seen, counts)).to(out.device))
 
 
 def check_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -184,7 +224,8 @@ def check_logits(logits: torch.Tensor) -> torch.Tensor:
     vocabulary); NaN, +inf, or a row with every token at -inf make the output unusable. Returns
     each row's largest logit, [...] (what a softmax shifts by)."""
     top = logits.amax(-1)  # one pass: NaN propagates through max, +inf and all -inf show in it
-    if torch.isfinite(top).all():
+    on_cpu = top.device.type == "cpu" and top.dtype == torch.float32  # numpy's test: no torch dispatch
+    if np.isfinite(top.detach().numpy()).all() if on_cpu else torch.isfinite(top).all():
         return top
     if torch.isnan(top).any():
         raise ValueError("logits contain NaN values; the model's output is not usable")
@@ -228,6 +269,15 @@ def draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generato
     if not params.is_greedy:
         return sample(params.probs(logits), generator)
     check_logits(logits)
+    return argmax(logits)
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """The first largest entry's index along the last dimension, [..., V] -> [...] int64: numpy's
+    on a CPU float32 tensor (the same first-maximum rule; torch's dispatch costs about ten times
+    the work at one row of a 49k vocabulary, ~45 against ~4 microseconds), torch's elsewhere."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return torch.from_numpy(np.asarray(logits.detach().numpy().argmax(-1), dtype=np.int64))
     return logits.argmax(-1)
 
 
