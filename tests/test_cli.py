@@ -31,6 +31,8 @@ def run(*args, timeout=300):
         (["--lenience", "0"], "--lenience"),
         (["--max-new-tokens", "0"], "--max-new-tokens"),
         (["--target", "/no/such/model.gguf"], "does not exist"),
+        (["--repeat-penalty", "1.1", "--repetition-penalty", "1.1"], "not allowed with argument"),
+        (["--repeat-penalty", "1.1", "--repeat-last-n", "-2"], "repeat_last_n"),
     ],
 )
 def test_bad_input_gets_a_clear_error_and_no_traceback(capsys, args, message):
@@ -125,3 +127,18 @@ def test_ngram_fit_then_generate_with_it(tmp_path):
     assert spec["compare"]["identical"] is True and spec["accepted"] > 0  # plain decoding gave the same tokens
     missing = cli(*common, "--draft", f"ngram:{tmp_path / 'none.npz'}")
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_each_repetition_penalty_option_reads_what_its_names_engine_reads():
+    """--repeat-penalty is llama.cpp's (the last 64 tokens), --repetition-penalty vLLM's (all of them);
+    --repeat-last-n sets either's window."""
+    from specdecode.cli.loading import sampling_params
+    from specdecode.cli.parser import build_parser
+
+    def params(*options):
+        return sampling_params(build_parser().parse_args(["generate", QUESTION, *options]))
+
+    llama, vllm = params("--repeat-penalty", "1.1"), params("--repetition-penalty", "1.2")
+    assert (llama.repetition_penalty, llama.repeat_last_n) == (1.1, defaults.REPEAT_LAST_N)
+    assert (vllm.repetition_penalty, vllm.repeat_last_n) == (1.2, -1)
+    assert params("--repeat-penalty", "1.1", "--repeat-last-n", "-1").repeat_last_n == -1

@@ -18,7 +18,7 @@ fastapi = pytest.importorskip("fastapi")
 from starlette.testclient import TestClient  # noqa: E402
 
 from specdecode.server.app import create_app  # noqa: E402
-from specdecode.server.request import MAX_DEPTH, RequestError  # noqa: E402
+from specdecode.server.request import MAX_DEPTH, RequestError, parse_request  # noqa: E402
 
 
 class Tokenizer:
@@ -162,3 +162,17 @@ def test_a_server_bug_answers_500_and_the_kept_alive_connection_still_serves(cap
         assert connection.sock is sock
     finally:
         server.should_exit = True
+
+
+def test_the_repetition_penalty_reads_what_its_names_server_reads():
+    """llama-server's repeat_penalty reads the last 64 tokens, vLLM's repetition_penalty all of them;
+    repeat_last_n sets either's window, and a window below -1 is a 400 naming it."""
+    def window(**fields):
+        body = {"model": "m", "prompt": "hi", **fields}
+        return parse_request(body, "completion").settings.params.repeat_last_n
+
+    assert window(repeat_penalty=1.1) == 64 and window(repetition_penalty=1.1) == -1
+    assert window(repeat_penalty=1.1, repeat_last_n=-1) == -1 and window(repetition_penalty=1.1, repeat_last_n=8) == 8
+    with pytest.raises(RequestError) as refused:
+        window(repeat_penalty=1.1, repeat_last_n=-2)
+    assert refused.value.status == 400 and refused.value.param == "repeat_last_n"

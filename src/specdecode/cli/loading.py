@@ -60,11 +60,15 @@ def load_drafter(args: argparse.Namespace, target):
 
 
 def sampling_params(args: argparse.Namespace):
+    from .. import defaults
     from ..sampling import SamplingParams
 
+    llama = args.repeat_penalty is not None  # llama.cpp's name: its window by default
+    window = args.repeat_last_n if args.repeat_last_n is not None else defaults.REPEAT_LAST_N if llama else -1
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-                          repetition_penalty=args.repetition_penalty, logit_bias=dict(args.logit_bias))
+                          repetition_penalty=args.repeat_penalty if llama else args.repetition_penalty,
+                          repeat_last_n=window, logit_bias=dict(args.logit_bias))
 
 
 def gamma_policy(gamma, max_gamma: int, target):

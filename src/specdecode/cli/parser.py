@@ -62,9 +62,15 @@ def _sampling_options(parser: argparse.ArgumentParser) -> None:
                         help="OpenAI's: lower a token that is already in the output by this, in [-2, 2]")
     parser.add_argument("--frequency-penalty", type=float, default=0.0,
                         help="OpenAI's: lower a token by this times how often it is already in the output, in [-2, 2]")
-    parser.add_argument("--repetition-penalty", "--repeat-penalty", type=float, default=1.0,
-                        help="llama.cpp's and vLLM's: a token already in the prompt or the output has its logit "
-                             "divided by this (multiplied where negative); 1 = none")
+    repetition = parser.add_mutually_exclusive_group()
+    repetition.add_argument("--repetition-penalty", type=float, default=1.0,
+                            help="vLLM's: a token already in the prompt or the output has its logit divided by this "
+                                 "(multiplied where negative); 1 = none")
+    repetition.add_argument("--repeat-penalty", type=float, default=None,
+                            help="llama.cpp's: the same, over the last --repeat-last-n tokens of prompt and output")
+    parser.add_argument("--repeat-last-n", type=int, default=None,
+                        help=f"the tokens the repetition penalty reads: the last N (-1 = all; default {defaults.REPEAT_LAST_N} "
+                             "under --repeat-penalty, all under --repetition-penalty)")
     parser.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS", type=_bias,
                         help="add BIAS in [-100, 100] to token ID's logit (repeatable)")
 

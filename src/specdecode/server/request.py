@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import defaults
 from ..batch import Settings
 from ..checks import MAX_TOP_LOGPROBS, check_lenience
 from ..grammar import Grammar, GrammarError
@@ -69,7 +70,8 @@ HARMLESS = {"user": (str, "a string"), "metadata": (dict, "an object"), "paralle
             "service_tier": (str, "a string"), "prompt_cache_key": (str, "a string"),
             "safety_identifier": (str, "a string")}
 # the sampling controls that reshape the target's distribution at each position (`SamplingParams`)
-CONTROLS = {"presence_penalty", "frequency_penalty", "repetition_penalty", "repeat_penalty", "min_p", "logit_bias"}
+CONTROLS = {"presence_penalty", "frequency_penalty", "repetition_penalty", "repeat_penalty", "repeat_last_n", "min_p",
+            "logit_bias"}
 COMMON = ({"model", "max_tokens", "temperature", "top_p", "stop", "seed", "stream", "stream_options", "n",
            "logprobs", "response_format", EXTENSION, "speculative"} | {f"speculative.{n}" for n in SPECULATIVE}
           | set(NEUTRAL) | set(HARMLESS) | CONTROLS)
@@ -330,11 +332,16 @@ def _logprobs(body: dict, kind: str) -> int | None:
 def _controls(body: dict) -> dict:
     """The controls that reshape each position's distribution, as OpenAI (presence_penalty,
     frequency_penalty, logit_bias), vLLM and llama-server (repetition_penalty, llama.cpp's
-    repeat_penalty, min_p) name them -> SamplingParams' fields."""
+    repeat_penalty and repeat_last_n, min_p) name them -> SamplingParams' fields. The repetition
+    penalty reads what its name's server reads unless repeat_last_n says: llama.cpp's repeat_penalty
+    the last 64 tokens of prompt and output, vLLM's repetition_penalty all of them."""
     if "repetition_penalty" in body and "repeat_penalty" in body:
         raise _bad("send 'repetition_penalty' or 'repeat_penalty' (the same control), not both", "repeat_penalty",
                    "invalid_value")
     repetition = "repeat_penalty" if body.get("repeat_penalty") is not None else "repetition_penalty"
+    window = body.get("repeat_last_n")
+    window = (defaults.REPEAT_LAST_N if repetition == "repeat_penalty" else -1) if window is None else \
+        _integer(window, "repeat_last_n", -1, None)
     bias = body.get("logit_bias")
     if bias is None:
         bias = {}
@@ -350,7 +357,7 @@ def _controls(body: dict) -> dict:
         pairs[int(token)] = float(value)
     return dict(presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
                 frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
-                repetition_penalty=_number(body, repetition, 1.0, 0.0, 10.0, low_open=True),
+                repetition_penalty=_number(body, repetition, 1.0, 0.0, 10.0, low_open=True), repeat_last_n=window,
                 min_p=_number(body, "min_p", 0.0, 0.0, 1.0), logit_bias=pairs)
 
 

@@ -73,6 +73,9 @@ def _common(limits: Limits, names: list[str], drafts: list[str], vocab: int) -> 
         "frequency_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
         "repetition_penalty": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 10}),
         "repeat_penalty": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 10}),
+        "repeat_last_n": _nullable({"type": "integer", "minimum": -1, "description": "the tokens the repetition "
+                                    "penalty reads: the last n of prompt and output (-1: all; default 64 under "
+                                    "repeat_penalty, all under repetition_penalty)"}),
         "min_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
         "logit_bias": _nullable({"type": "object", "propertyNames": {"pattern": _below(vocab)},
                                  "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}}),
