@@ -1,6 +1,7 @@
 """What speculation gives under a sampling control, against what it gives without: the default
-drafter (prompt lookup, `--gamma auto`) over plain decoding, greedy, with and without a control
-(default: a repetition penalty of 1.1, a common chat front end's default), and sampled at each of
+drafter (`defaults.DRAFT`, `--gamma auto`) over plain decoding, greedy, with and without a control
+(default: a repetition penalty of 1.1, a common chat front end's default, over each of
+`--repeat-last-n`: all tokens as vLLM reads it, the last 64 as llama.cpp does), and sampled at each of
 `--temperatures` (seeded per prompt), on Spec-Bench prompts, every run of a prompt in turns (the
 order alternating by prompt and round), in one process.
 
@@ -25,21 +26,25 @@ def main() -> None:
     parser.add_argument("--prompts", default=str(SPEC_BENCH))
     parser.add_argument("--per-task", type=int, default=4)
     parser.add_argument("--repetition-penalty", type=float, default=1.1, help="0: leave the penalty out")
+    parser.add_argument("--repeat-last-n", type=int, nargs="+", default=[-1, 64],
+                        help="the penalty's windows, one setting each (-1: all tokens)")
     parser.add_argument("--temperatures", type=float, nargs="*", default=[])
     parser.add_argument("--rounds", type=int, default=1, help="passes over the prompts, taking turns")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    from specdecode import PromptLookupDrafter, SamplingParams, Stats, encode_prompt, generate
+    from specdecode import SamplingParams, Stats, defaults, encode_prompt, generate
     from specdecode.bench.prompts import load_prompts
+    from specdecode.drafters.spec import make_drafter
     from specdecode.models.load import load_model
 
     target = load_model(None, backend="native")
     prompts = load_prompts(args.prompts, per_category=args.per_task)
     settings = {"none": SamplingParams(temperature=0)}
-    penalty = f"repetition {args.repetition_penalty:g}"
-    if args.repetition_penalty:  # 0 leaves it out
-        settings[penalty] = SamplingParams(temperature=0, repetition_penalty=args.repetition_penalty)
+    penalties = {f"repetition {args.repetition_penalty:g}, " + ("all" if n < 0 else f"last {n}"): n
+                 for n in args.repeat_last_n} if args.repetition_penalty else {}  # 0 leaves it out
+    for name, n in penalties.items():
+        settings[name] = SamplingParams(temperature=0, repetition_penalty=args.repetition_penalty, repeat_last_n=n)
     settings.update({f"temperature {t:g}": SamplingParams(temperature=t) for t in args.temperatures})
     speed = {(name, spec): [] for name in settings for spec in (False, True)}
     identical = {name: 0 for name in settings}
@@ -51,7 +56,8 @@ def main() -> None:
             order = [(name, spec) for name in settings for spec in (False, True)]
             for name, spec in order if (i + round_) % 2 == 0 else order[::-1]:
                 stats = Stats()
-                for _ in generate(target, ids, PromptLookupDrafter() if spec else None, gamma="auto" if spec else 0,
+                drafter = make_drafter(defaults.DRAFT, target) if spec else None
+                for _ in generate(target, ids, drafter, gamma="auto" if spec else 0,
                                   params=settings[name], max_new_tokens=args.max_new_tokens, stats=stats,
                                   seed=1000 * round_ + i):
                     pass
@@ -76,14 +82,14 @@ def main() -> None:
     per_category = [f"| {c} | " + " | ".join(
         f"{mean(by_category[(name, True)][c]) / mean(by_category[(name, False)][c]):.2f}x" for name in settings) + " |"
         for c in categories]
-    under = (f"The speedup under the penalty is **{gains[penalty] / gains['none']:.3f}** of the speedup without it."
-             if penalty in gains else "")
+    under = " ".join(f"Under `{name}` the speedup is **{gains[name] / gains['none']:.3f}** of the speedup without it."
+                     for name in penalties)
     publish(["# Speculation under sampling controls: " + ", ".join(name for name in settings if name != "none"), "",
              f"Host: {cpu_model()}; kernels: {target.kernel_plan}; {len(prompts)} Spec-Bench prompts "
              f"({args.per_task} a category), {args.rounds} round(s) taking turns, {args.max_new_tokens} tokens, "
              f"{time.strftime('%Y-%m-%d')}.", "",
              "```", "python " + " ".join(sys.argv), "```", "",
-             "| control | plain tok/s | lookup + auto tok/s | speedup (geometric mean of ratios) | 95% interval "
+             f"| control | plain tok/s | {defaults.DRAFT} + gamma auto tok/s | speedup (geometric mean of ratios) | 95% interval "
              "(bootstrap) | greedy output identical |",
              "|---|---|---|---|---|---|", *rows, "",
              under, "",

@@ -58,6 +58,7 @@ class ReplayTarget:
         self.record, self.prompt_length, self.prefill_seconds = record, prompt_length, prefill_seconds
         self.profile, self.clock = profile, clock
         self.curve = verify_curve(profile.verify_ratios)  # T(k)/T(1), extended past the measured k as the policy's
+        self.calls, self.modeled = 0, 0.0  # forwards, and the seconds they are costed at
 
     def new_cache(self):
         from specdecode.lossless import ToyCache
@@ -86,6 +87,7 @@ class ReplayTarget:
         else:
             seconds = self.cost(len(new), start)
         self.clock.offset += seconds - (time.perf_counter() - began)
+        self.calls, self.modeled = self.calls + 1, self.modeled + seconds
         return logits
 
 
@@ -182,6 +184,8 @@ def main() -> None:
     parser.add_argument("--drafts", nargs="+", default=["lookup", "auto", "pool", "oracle"])
     parser.add_argument("--repetition-penalty", type=float, default=0.0,
                         help="greedy under this repetition penalty (0: none), recorded and replayed")
+    parser.add_argument("--repeat-last-n", type=int, default=-1,
+                        help="the tokens the penalty reads: -1 prompt and output (vLLM's), n the last n (llama.cpp's)")
     parser.add_argument("--records", default=None,
                         help="the recorded outputs (made on the first run, reused after; default in /tmp)")
     parser.add_argument("--out", default=None)
@@ -199,8 +203,9 @@ def main() -> None:
     profile = profile_model(real)
     prompts = load_prompts(args.prompts, categories=args.categories, per_category=args.per_category)
     penalty = args.repetition_penalty
-    greedy = SamplingParams(temperature=0, **({"repetition_penalty": penalty} if penalty else {}))
-    records = args.records or f"/tmp/draft_replay-{len(prompts)}-{args.max_new_tokens}-{penalty:g}.json"
+    window = args.repeat_last_n
+    greedy = SamplingParams(temperature=0, **({"repetition_penalty": penalty, "repeat_last_n": window} if penalty else {}))
+    records = args.records or f"/tmp/draft_replay-{len(prompts)}-{args.max_new_tokens}-{penalty:g}-{window}.json"
     records = record_outputs(real, prompts, greedy, args.max_new_tokens, Path(records))
 
     def policy():
@@ -216,6 +221,7 @@ def main() -> None:
     shared = (NgramPool(), SuffixCache())  # oracle-all's: fed by every prompt, as a server's
 
     results = {name: {} for name in ["plain", *args.drafts]}  # name -> category -> [tokens, seconds]
+    loop = {name: [0, 0.0] for name in results}  # name -> [target calls, seconds outside the forwards]
     for rec in records:
         record = rec["prompt"] + rec["output"]
         for name in results:
@@ -238,6 +244,8 @@ def main() -> None:
             total = results[name].setdefault(rec["category"], [0, 0.0])
             total[0] += len(tokens)
             total[1] += seconds
+            loop[name][0] += target.calls
+            loop[name][1] += seconds - target.modeled
 
     def rate(name, category=None):
         rows = results[name].values() if category is None else [results[name][category]]
@@ -249,13 +257,17 @@ def main() -> None:
              f"{1e3 * profile.step_seconds:.2f} ms, T(k)/T(1) k = 2..8: "
              + " ".join(f"{r:.2f}" for r in profile.verify_ratios[2:9])
              + f"; {len(records)} Spec-Bench prompts, greedy"
-             + (f" under a repetition penalty of {penalty:g}" if penalty else "") + f", {args.max_new_tokens} tokens; {time.strftime('%Y-%m-%d')}.",
+             + (f" under a repetition penalty of {penalty:g} over "
+                + ("prompt and output" if window < 0 else f"the last {window} tokens") if penalty else "") + f", {args.max_new_tokens} tokens; {time.strftime('%Y-%m-%d')}.",
              "", "Replayed tokens/s (prefill included) and each draft's over replayed plain:", "",
              "| category | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for category in [*dict.fromkeys(r["category"] for r in records), None]:
         plain = rate("plain", category)
         cells = [f"{plain:.1f}"] + [f"{rate(n, category) / plain:.2f}x" for n in names[1:]]
         lines.append(f"| {category or 'all'} | " + " | ".join(cells) + " |")
+    lines += ["", "The loop's own time a target call (drafting, controls, verification, bookkeeping: everything "
+              "but the replayed forward), microseconds: "
+              + ", ".join(f"{n} {1e6 * loop[n][1] / loop[n][0]:.0f}" for n in names) + "."]
     publish(lines, args.out)
 
 
