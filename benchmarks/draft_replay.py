@@ -153,6 +153,31 @@ class Oracle:
         pass
 
 
+def copy_runs(records: list[dict], longest: int = 16) -> list[str]:
+    """What the outputs copy of their context: at each output position where prompt lookup finds a
+    match, by the match's length, how often, how often its first token is the output's next, and
+    how many of its tokens the output follows on average (what the best-sized lookup draft would
+    get accepted there)."""
+    from specdecode import PromptLookupDrafter
+
+    by_length: dict = {}  # 1, 2, 3 (3 or more) -> [positions, first right, tokens followed]
+    for rec in records:
+        seq, lookup = rec["prompt"] + rec["output"], PromptLookupDrafter()
+        for t in range(len(rec["prompt"]), len(seq)):
+            n, tokens = lookup.match(seq[:t], longest)
+            if tokens:
+                run = 0
+                while run < len(tokens) and t + run < len(seq) and tokens[run] == seq[t + run]:
+                    run += 1
+                row = by_length.setdefault(min(n, 3), [0, 0, 0])
+                row[0], row[1], row[2] = row[0] + 1, row[1] + (run > 0), row[2] + run
+    outputs = sum(len(r["output"]) for r in records)
+    return [f"Prompt lookup's matches in the {outputs} output tokens (up to {longest} tokens copied):", "",
+            "| match length | positions | first token right | tokens the output follows, mean |", "|---|---|---|---|",
+            *(f"| {'3+' if n == 3 else n} | {c} | {right / c:.2f} | {run / c:.2f} |"
+              for n, (c, right, run) in sorted(by_length.items()))]
+
+
 def record_outputs(target, prompts, params, max_new_tokens: int, path: Path) -> list[dict]:
     from specdecode import autoregressive_decode, encode_prompt
 
@@ -204,7 +229,8 @@ def main() -> None:
     prompts = load_prompts(args.prompts, categories=args.categories, per_category=args.per_category)
     penalty = args.repetition_penalty
     window = args.repeat_last_n
-    greedy = SamplingParams(temperature=0, **({"repetition_penalty": penalty, "repeat_last_n": window} if penalty else {}))
+    controls = {"repetition_penalty": penalty, **({"repeat_last_n": window} if window >= 0 else {})} if penalty else {}
+    greedy = SamplingParams(temperature=0, **controls)
     records = args.records or f"/tmp/draft_replay-{len(prompts)}-{args.max_new_tokens}-{penalty:g}-{window}.json"
     records = record_outputs(real, prompts, greedy, args.max_new_tokens, Path(records))
 
@@ -267,7 +293,7 @@ def main() -> None:
         lines.append(f"| {category or 'all'} | " + " | ".join(cells) + " |")
     lines += ["", "The loop's own time a target call (drafting, controls, verification, bookkeeping: everything "
               "but the replayed forward), microseconds: "
-              + ", ".join(f"{n} {1e6 * loop[n][1] / loop[n][0]:.0f}" for n in names) + "."]
+              + ", ".join(f"{n} {1e6 * loop[n][1] / loop[n][0]:.0f}" for n in names) + ".", "", *copy_runs(records)]
     publish(lines, args.out)
 
 
