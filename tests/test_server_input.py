@@ -173,6 +173,7 @@ def test_the_repetition_penalty_reads_what_its_names_server_reads():
 
     assert window(repeat_penalty=1.1) == 64 and window(repetition_penalty=1.1) == -1
     assert window(repeat_penalty=1.1, repeat_last_n=-1) == -1 and window(repetition_penalty=1.1, repeat_last_n=8) == 8
-    with pytest.raises(RequestError) as refused:
-        window(repeat_penalty=1.1, repeat_last_n=-2)
-    assert refused.value.status == 400 and refused.value.param == "repeat_last_n"
+    for bad in (-2, 2**31, 1.5, "64"):
+        with pytest.raises(RequestError) as refused:
+            window(repeat_penalty=1.1, repeat_last_n=bad)
+        assert refused.value.status == 400 and refused.value.param == "repeat_last_n"

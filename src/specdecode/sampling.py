@@ -17,6 +17,9 @@ import numpy as np
 import torch
 
 
+MAX_REPEAT_LAST_N = 2**31 - 1  # llama.cpp's bound (an int32)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How a token is drawn from logits.
@@ -70,8 +73,10 @@ class SamplingParams:
         if (isinstance(self.repetition_penalty, bool) or not isinstance(self.repetition_penalty, (int, float))
                 or not 0.0 < self.repetition_penalty <= 10.0):
             raise ValueError(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty!r}")
-        if isinstance(self.repeat_last_n, bool) or not isinstance(self.repeat_last_n, int) or self.repeat_last_n < -1:
-            raise ValueError(f"repeat_last_n must be an integer >= -1 (-1 = the whole context), got {self.repeat_last_n!r}")
+        if (isinstance(self.repeat_last_n, bool) or not isinstance(self.repeat_last_n, int)
+                or not -1 <= self.repeat_last_n <= MAX_REPEAT_LAST_N):
+            raise ValueError(f"repeat_last_n must be an integer in [-1, {MAX_REPEAT_LAST_N}] (-1 = the whole context), "
+                             f"got {self.repeat_last_n!r}")
         bias = tuple(sorted((int(t), float(b)) for t, b in dict(self.logit_bias).items()))
         if any(t < 0 or not -100.0 <= b <= 100.0 for t, b in bias):
             raise ValueError("logit_bias maps token ids >= 0 to biases in [-100, 100]")
@@ -87,9 +92,9 @@ class SamplingParams:
 
     def adjust(self, logits: torch.Tensor, prompt: Sequence[int], outputs: Sequence[Sequence[int]]) -> torch.Tensor:
         """Row i of logits [k, V] under the controls that depend on what came before it: logit_bias,
-        then the repetition penalty over `prompt` and outputs[i] (their last `repeat_last_n` tokens where
-        that is set), then the presence and frequency
-        penalties over outputs[i] (the tokens generated before row i's position) -> float32 [k, V].
+        then the repetition penalty over `prompt` and outputs[i] (their last `repeat_last_n` tokens
+        where that is set), then the presence and frequency penalties over outputs[i] (the tokens
+        generated before row i's position) -> float32 [k, V].
         (`History` keeps the same counts as tokens are emitted, for the decode loop.)"""
         history = History(self, prompt, logits.shape[-1])
         return history.adjust(logits, list(outputs))

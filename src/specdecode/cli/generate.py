@@ -32,8 +32,8 @@ def grammar_of(args: argparse.Namespace):
 # settings under which the first token may be shown before the model loads: greedy, nothing that
 # changes the first logits or their argmax, text streamed as it comes (`early_token`)
 PLAIN = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0,
-             repetition_penalty=1.0, repeat_penalty=None, logit_bias=[], json_schema=None, grammar=None, regex=None, stop=[], json=False,
-             compare=False, dtype="auto")
+             repetition_penalty=1.0, repeat_penalty=None, logit_bias=[], json_schema=None, grammar=None, regex=None,
+             stop=[], json=False, compare=False, dtype="auto")
 
 
 def _snapshot_place(args: argparse.Namespace):

@@ -39,7 +39,7 @@ from .. import defaults
 from ..batch import Settings
 from ..checks import MAX_TOP_LOGPROBS, check_lenience
 from ..grammar import Grammar, GrammarError
-from ..sampling import SamplingParams
+from ..sampling import MAX_REPEAT_LAST_N, SamplingParams
 
 EXTENSION = "specdecode"
 ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: OpenAI's newer name for system
@@ -336,12 +336,14 @@ def _controls(body: dict) -> dict:
     penalty reads what its name's server reads unless repeat_last_n says: llama.cpp's repeat_penalty
     the last 64 tokens of prompt and output, vLLM's repetition_penalty all of them."""
     if "repetition_penalty" in body and "repeat_penalty" in body:
-        raise _bad("send 'repetition_penalty' or 'repeat_penalty' (the same control), not both", "repeat_penalty",
+        raise _bad("send 'repetition_penalty' (vLLM's) or 'repeat_penalty' (llama.cpp's), not both", "repeat_penalty",
                    "invalid_value")
     repetition = "repeat_penalty" if body.get("repeat_penalty") is not None else "repetition_penalty"
     window = body.get("repeat_last_n")
-    window = (defaults.REPEAT_LAST_N if repetition == "repeat_penalty" else -1) if window is None else \
-        _integer(window, "repeat_last_n", -1, None)
+    if window is None:  # what the name's own server reads
+        window = defaults.REPEAT_LAST_N if repetition == "repeat_penalty" else -1
+    else:
+        window = _integer(window, "repeat_last_n", -1, MAX_REPEAT_LAST_N)
     bias = body.get("logit_bias")
     if bias is None:
         bias = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..checks import MAX_TOP_LOGPROBS
+from ..sampling import MAX_REPEAT_LAST_N
 from .request import EXTENSION, ROLES, Limits
 
 _TEXT_PART = {"type": "object", "required": ["type", "text"],
@@ -73,9 +74,9 @@ def _common(limits: Limits, names: list[str], drafts: list[str], vocab: int) -> 
         "frequency_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
         "repetition_penalty": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 10}),
         "repeat_penalty": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 10}),
-        "repeat_last_n": _nullable({"type": "integer", "minimum": -1, "description": "the tokens the repetition "
-                                    "penalty reads: the last n of prompt and output (-1: all; default 64 under "
-                                    "repeat_penalty, all under repetition_penalty)"}),
+        "repeat_last_n": _nullable({"type": "integer", "minimum": -1, "maximum": MAX_REPEAT_LAST_N,
+                                    "description": "the tokens the repetition penalty reads: the last n of prompt and "
+                                    "output (-1: all; default 64 under repeat_penalty, all under repetition_penalty)"}),
         "min_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
         "logit_bias": _nullable({"type": "object", "propertyNames": {"pattern": _below(vocab)},
                                  "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}}),
