@@ -29,6 +29,9 @@ def main() -> None:
     parser.add_argument("--repeat-last-n", type=int, nargs="+", default=[-1, 64],
                         help="the penalty's windows, one setting each (-1: all tokens)")
     parser.add_argument("--temperatures", type=float, nargs="*", default=[])
+    parser.add_argument("--others", action="store_true",
+                        help="also greedy under each other control: presence and frequency penalties of 0.5, "
+                             "min_p 0.1, and a logit_bias of -3 on the token ' the'")
     parser.add_argument("--rounds", type=int, default=1, help="passes over the prompts, taking turns")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--out", default=None)
@@ -45,6 +48,12 @@ def main() -> None:
                  for n in args.repeat_last_n} if args.repetition_penalty else {}  # 0 leaves it out
     for name, n in penalties.items():
         settings[name] = SamplingParams(temperature=0, repetition_penalty=args.repetition_penalty, repeat_last_n=n)
+    if args.others:
+        the = target.tokenizer.encode(" the", add_special_tokens=False)[0]
+        settings.update({"presence 0.5": SamplingParams(temperature=0, presence_penalty=0.5),
+                         "frequency 0.5": SamplingParams(temperature=0, frequency_penalty=0.5),
+                         "min_p 0.1": SamplingParams(temperature=0, min_p=0.1),
+                         "logit_bias ' the' -3": SamplingParams(temperature=0, logit_bias={the: -3.0})})
     settings.update({f"temperature {t:g}": SamplingParams(temperature=t) for t in args.temperatures})
     speed = {(name, spec): [] for name in settings for spec in (False, True)}
     identical = {name: 0 for name in settings}

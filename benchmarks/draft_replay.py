@@ -178,6 +178,41 @@ def copy_runs(records: list[dict], longest: int = 16) -> list[str]:
               for n, (c, right, run) in sorted(by_length.items()))]
 
 
+def hindsight_rules(records: list[dict], cost, longest: int = 16) -> list[str]:
+    """The best fixed rule for sizing prompt lookup's proposals, chosen knowing the outputs: verify
+    `gamma` copied tokens wherever lookup matches at least `min_match` tokens, none elsewhere; each
+    rule's speedup over plain decoding, prefill included, its forwards costed by `cost(rows, cached)`
+    (the replayed target's) with no loop time. Where the best rule gains little, so does any policy
+    over these proposals that does not know the target's answer."""
+    from specdecode import PromptLookupDrafter
+
+    def rate(min_match: int, gamma: int) -> float:
+        tokens = seconds = 0.0
+        for rec in records:
+            seq, start, lookup = rec["prompt"] + rec["output"], len(rec["prompt"]), PromptLookupDrafter()
+            seconds, tokens, t = seconds + rec["prefill_seconds"], tokens + 1, start + 1  # the prefill's token
+            while t < len(seq):
+                n, copied = lookup.match(seq[:t], gamma)
+                copied = copied if gamma and n >= min_match else []
+                run = 0
+                while run < len(copied) and t + run < len(seq) and copied[run] == seq[t + run]:
+                    run += 1
+                seconds += cost(len(copied) + 1, t)
+                step = min(run + 1, len(seq) - t)
+                tokens, t = tokens + step, t + step
+        return tokens / seconds
+
+    plain = rate(1, 0)
+    rules = {(m, g): rate(m, g) / plain for m in (1, 2, 3) for g in (1, 2, 4, 8)}
+    best = max(rules, key=rules.get)
+    return ["The best fixed rule for lookup's proposals, chosen in hindsight (`hindsight_rules`; speedup over "
+            "plain, prefill included, no loop time): "
+            f"gamma {best[1]} wherever lookup matches {best[0]}+ tokens, {rules[best]:.3f}x. Rows: the match "
+            "lookup needs; columns: gamma.", "",
+            "| match | " + " | ".join(f"gamma {g}" for g in (1, 2, 4, 8)) + " |", "|---|---|---|---|---|",
+            *(f"| {m}+ | " + " | ".join(f"{rules[(m, g)]:.3f}x" for g in (1, 2, 4, 8)) + " |" for m in (1, 2, 3))]
+
+
 def record_outputs(target, prompts, params, max_new_tokens: int, path: Path) -> list[dict]:
     from specdecode import autoregressive_decode, encode_prompt
 
@@ -293,7 +328,8 @@ def main() -> None:
         lines.append(f"| {category or 'all'} | " + " | ".join(cells) + " |")
     lines += ["", "The loop's own time a target call (drafting, controls, verification, bookkeeping: everything "
               "but the replayed forward), microseconds: "
-              + ", ".join(f"{n} {1e6 * loop[n][1] / loop[n][0]:.0f}" for n in names) + ".", "", *copy_runs(records)]
+              + ", ".join(f"{n} {1e6 * loop[n][1] / loop[n][0]:.0f}" for n in names) + ".", "", *copy_runs(records), "",
+              *hindsight_rules(records, ReplayTarget(real, profile, [], 0, 0.0, Clock()).cost)]
     publish(lines, args.out)
 
 
