@@ -47,6 +47,25 @@ class Clock:
         return time.perf_counter() + self.offset
 
 
+def forward_cost(profile):
+    """(rows, cached) -> seconds of a forward over `rows` new rows after `cached` positions: the
+    profile's T(k), extended past the measured k as the gamma policy extends it."""
+    curve = verify_curve(profile.verify_ratios)
+
+    def cost(rows: int, cached: int) -> float:
+        return profile.step_seconds * curve(rows) + rows * profile.row_position_seconds * max(0, cached - profile.context)
+
+    return cost
+
+
+def followed(tokens: list[int], seq: list[int], t: int) -> int:
+    """How many of `tokens`, proposed at position t, the sequence `seq` goes on with."""
+    n = 0
+    while n < len(tokens) and t + n < len(seq) and tokens[n] == seq[t + n]:
+        n += 1
+    return n
+
+
 class ReplayTarget:
     """A target that replays one recorded greedy sequence (prompt + output) at measured costs."""
 
@@ -56,19 +75,13 @@ class ReplayTarget:
         self.max_positions, self.device, self.tokenizer = None, "cpu", None
         self.size = real.vocab.size
         self.record, self.prompt_length, self.prefill_seconds = record, prompt_length, prefill_seconds
-        self.profile, self.clock = profile, clock
-        self.curve = verify_curve(profile.verify_ratios)  # T(k)/T(1), extended past the measured k as the policy's
+        self.clock, self.cost = clock, forward_cost(profile)
         self.calls, self.modeled = 0, 0.0  # forwards, and the seconds they are costed at
 
     def new_cache(self):
         from specdecode.lossless import ToyCache
 
         return ToyCache()
-
-    def cost(self, rows: int, cached: int) -> float:
-        """Seconds of a forward over `rows` new rows after `cached` positions: the profile's T(k)."""
-        p = self.profile
-        return p.step_seconds * self.curve(rows) + rows * p.row_position_seconds * max(0, cached - p.context)
 
     def forward(self, tokens: torch.Tensor, cache, num_logits: int | None = None) -> torch.Tensor:
         began = time.perf_counter()
@@ -130,14 +143,6 @@ class Oracle:
     def propose(self, context, gamma):
         from specdecode.drafters.base import Draft
 
-        future = self.record[len(context):]
-
-        def accepted(tokens):
-            n = 0
-            while n < len(tokens) and n < len(future) and tokens[n] == future[n]:
-                n += 1
-            return tokens[:n]
-
         copied = self.lookup.match(context, gamma)[1]
         proposals = [copied]
         if self.pool is not None:
@@ -146,7 +151,7 @@ class Oracle:
             if copied and len(copied) < gamma:
                 tail = list(context[-self.pool.pool.orders[0]:]) + copied
                 proposals.append(copied + self.pool.continuation(tail, gamma - len(copied), 0.0)[0])
-        best = max((accepted(t) for t in proposals), key=len)
+        best = max((t[: followed(t, self.record, len(context))] for t in proposals), key=len)
         return Draft(torch.tensor([best], dtype=torch.long).reshape(1, -1))
 
     def accept(self, n) -> None:
@@ -166,9 +171,7 @@ def copy_runs(records: list[dict], longest: int = 16) -> list[str]:
         for t in range(len(rec["prompt"]), len(seq)):
             n, tokens = lookup.match(seq[:t], longest)
             if tokens:
-                run = 0
-                while run < len(tokens) and t + run < len(seq) and tokens[run] == seq[t + run]:
-                    run += 1
+                run = followed(tokens, seq, t)
                 row = by_length.setdefault(min(n, 3), [0, 0, 0])
                 row[0], row[1], row[2] = row[0] + 1, row[1] + (run > 0), row[2] + run
     outputs = sum(len(r["output"]) for r in records)
@@ -178,7 +181,7 @@ def copy_runs(records: list[dict], longest: int = 16) -> list[str]:
               for n, (c, right, run) in sorted(by_length.items()))]
 
 
-def hindsight_rules(records: list[dict], cost, longest: int = 16) -> list[str]:
+def hindsight_rules(records: list[dict], cost) -> list[str]:
     """The best fixed rule for sizing prompt lookup's proposals, chosen knowing the outputs: verify
     `gamma` copied tokens wherever lookup matches at least `min_match` tokens, none elsewhere; each
     rule's speedup over plain decoding, prefill included, its forwards costed by `cost(rows, cached)`
@@ -194,9 +197,7 @@ def hindsight_rules(records: list[dict], cost, longest: int = 16) -> list[str]:
             while t < len(seq):
                 n, copied = lookup.match(seq[:t], gamma)
                 copied = copied if gamma and n >= min_match else []
-                run = 0
-                while run < len(copied) and t + run < len(seq) and copied[run] == seq[t + run]:
-                    run += 1
+                run = followed(copied, seq, t)
                 seconds += cost(len(copied) + 1, t)
                 step = min(run + 1, len(seq) - t)
                 tokens, t = tokens + step, t + step
@@ -221,7 +222,6 @@ def record_outputs(target, prompts, params, max_new_tokens: int, path: Path) -> 
     records = []
     for prompt in prompts:
         ids = encode_prompt(target.tokenizer, prompt.text)
-        cache = target.new_cache()
         best = float("inf")
         for _ in range(3):  # the prompt's prefill, quickest of three
             cache = target.new_cache()
@@ -255,7 +255,7 @@ def main() -> None:
     from specdecode.decode import speculative_decode
     from specdecode import defaults
     from specdecode.drafters.spec import built_in, make_drafter
-    from specdecode.gamma import AdaptiveGamma, FixedGamma
+    from specdecode.gamma import AUTO, FixedGamma, as_policy
     from specdecode.models.load import load_model
     from specdecode.models.profile import profile_model
 
@@ -269,10 +269,7 @@ def main() -> None:
     records = args.records or f"/tmp/draft_replay-{len(prompts)}-{args.max_new_tokens}-{penalty:g}-{window}.json"
     records = record_outputs(real, prompts, greedy, args.max_new_tokens, Path(records))
 
-    def policy():
-        return AdaptiveGamma(profile.verify_ratios, profile_context=profile.context, step_seconds=profile.step_seconds,
-                             position_cost=profile.row_position_seconds / profile.step_seconds, learn_curve=True)
-
+    template = as_policy(AUTO, real)  # what `--gamma auto` plans with, made afresh for each prompt
     kinds = {name: built_in(name) for name in args.drafts if not name.startswith("oracle")}
     # what a server's requests share (the n-gram pool, earlier outputs): made once, fed by every prompt
     memory = {name: kind.memory(real, defaults.MAX_GAMMA) if kind.memory else None for name, kind in kinds.items()}
@@ -295,7 +292,7 @@ def main() -> None:
                 if name.startswith("oracle"):
                     drafter, gamma = Oracle(record, shared if name == "oracle-all" else None), FixedGamma(16)
                 else:
-                    drafter, gamma = make_drafter(name, real, memory=memory[name]), policy()
+                    drafter, gamma = make_drafter(name, real, memory=memory[name]), template.fresh()
                 steps = speculative_decode(target, drafter, rec["prompt"], gamma=gamma, params=greedy,
                                            max_new_tokens=args.max_new_tokens, clock=clock)
             tokens = [t for step in steps for t in step.tokens]
@@ -329,7 +326,7 @@ def main() -> None:
     lines += ["", "The loop's own time a target call (drafting, controls, verification, bookkeeping: everything "
               "but the replayed forward), microseconds: "
               + ", ".join(f"{n} {1e6 * loop[n][1] / loop[n][0]:.0f}" for n in names) + ".", "", *copy_runs(records), "",
-              *hindsight_rules(records, ReplayTarget(real, profile, [], 0, 0.0, Clock()).cost)]
+              *hindsight_rules(records, forward_cost(profile))]
     publish(lines, args.out)
 
 
